@@ -1,0 +1,42 @@
+"""The ``ddp-cluster`` command: one subcommand per tool, each module owning its own arguments.
+
+Subcommands are imported lazily, so a controller without torch can run every one of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> (module exposing ``cli(argv) -> int``, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "plot": ("ddp_cluster.plot", "draw the loss curve of a run directory (metrics.jsonl) to a PNG"),
+    "ip-plan": ("ddp_cluster.ipplan", "check an NPU device-IP plan against the product's rules"),
+    "rank-table": ("ddp_cluster.ranktable", "print the HCCL rank table (version 1.0) of an IP plan"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: ddp-cluster COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<12} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
+    lines += ["", "training runs as: python -m ddp_cluster.train --help"]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"ddp-cluster: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    result: int = module.cli(rest)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

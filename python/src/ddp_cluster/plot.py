@@ -1,0 +1,118 @@
+"""``ddp-cluster plot DIR [-o OUT.png]``: draw the loss curve of a training run from DIR/metrics.jsonl.
+
+Step records (``"kind": "step"``) give the training loss every few steps; epoch records add the epoch's mean
+loss and, on a second axis, the test accuracy. Needs matplotlib (the ``plot`` extra), not torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ddp_cluster.errors import DdpClusterError
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class PlotError(DdpClusterError):
+    pass
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file. A torn last line (a killed run) is skipped; any other bad line is
+    an error naming the file and line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise PlotError(f"cannot read {path}: {error}") from error
+    records: list[dict[str, Any]] = []
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                print(f"ddp-cluster plot: skipping the incomplete last line of {path}", file=sys.stderr)
+                continue
+            raise PlotError(f"{path} line {number} is not JSON: {error.msg}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise PlotError(
+                f"{path} line {number} is not a metrics record (an object with an integer 'step')"
+            )
+        records.append(record)
+    return records
+
+
+def plot_metrics(records: list[dict[str, Any]], out: Path, title: str) -> None:
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        raise PlotError("ddp-cluster plot needs matplotlib: pip install 'ddp-cluster[plot]'") from None
+    matplotlib.use("Agg")  # files only: no display on a controller or in a container
+    pyplot = importlib.import_module("matplotlib.pyplot")
+
+    steps = [r for r in records if r.get("kind", "step") == "step" and "loss" in r]
+    epochs = [r for r in records if r.get("kind") == "epoch" and "loss" in r]
+    if not steps and not epochs:
+        raise PlotError("no loss values to plot: the metrics hold no step or epoch record with a 'loss'")
+    figure, loss_axis = pyplot.subplots(figsize=(8, 4.5))
+    if steps:
+        loss_axis.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="training loss", lw=1)
+    if epochs:
+        loss_axis.plot(
+            [r["step"] for r in epochs], [r["loss"] for r in epochs], "o-", label="epoch mean loss", lw=1.5
+        )
+    loss_axis.set_xlabel("optimizer step")
+    loss_axis.set_ylabel("cross-entropy loss")
+    loss_axis.grid(alpha=0.3)
+    handles, labels = loss_axis.get_legend_handles_labels()
+    accuracy = [r for r in epochs if r.get("test_accuracy") is not None]
+    if accuracy:
+        accuracy_axis = loss_axis.twinx()
+        accuracy_axis.plot(
+            [r["step"] for r in accuracy], [r["test_accuracy"] for r in accuracy], "s--", color="tab:green",
+            label="test accuracy",
+        )  # fmt: skip
+        accuracy_axis.set_ylabel("test accuracy")
+        accuracy_axis.set_ylim(0, 1)
+        more_handles, more_labels = accuracy_axis.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    loss_axis.legend(handles, labels, loc="upper right")
+    loss_axis.set_title(title)
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=100)
+    pyplot.close(figure)
+
+
+def cli(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="ddp-cluster plot", description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("run", type=Path, help="a run directory holding metrics.jsonl, or the file itself")
+    parser.add_argument("-o", "--output", type=Path, help="the PNG to write (default: RUN/loss.png)")
+    args = parser.parse_args(list(argv))
+    metrics = args.run / METRICS_FILE if args.run.is_dir() else args.run
+    out = args.output or metrics.parent / "loss.png"
+    try:
+        if not metrics.is_file():
+            raise PlotError(
+                f"{metrics} not found: give a run directory (with {METRICS_FILE}) or the file itself"
+            )
+        records = read_metrics(metrics)
+        if not records:
+            raise PlotError(f"{metrics} holds no records: the run logged nothing yet")
+        plot_metrics(records, out, title=f"{metrics.parent.name}: loss")
+    except PlotError as error:
+        print(f"ddp-cluster plot: error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {out} ({len(records)} records from {metrics})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli(sys.argv[1:]))

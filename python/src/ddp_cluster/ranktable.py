@@ -1,0 +1,162 @@
+"""HCCL rank tables (version 1.0) from a device-IP plan.
+
+The layout is the one the vendor's ``hccl_tools.py`` writes (seed 004)::
+
+    {
+        "version": "1.0",
+        "server_count": "1",
+        "server_list": [
+            {
+                "server_id": "127.0.0.1",
+                "device": [{"device_id": "0", "device_ip": "192.168.100.101", "rank_id": "0"}, ...],
+                "host_nic_ip": "reserve"
+            }
+        ],
+        "status": "completed"
+    }
+
+Every value is a string. Seed 003's two-host table has the same keys less ``host_nic_ip`` and says "主节点的
+device信息需配置在第一个device中 ... rank_id需要一直升序": the master server comes first and rank ids ascend
+through the servers in that order. ``device_id`` is the device's position in the plan (what ``hccn_tool -i``
+and ``DEVICE_ID`` take), ``server_id`` the server's host address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ddp_cluster.ipplan import (
+    Plan,
+    Server,
+    Violation,
+    check_plan,
+    errors,
+    plan_from_dict,
+    read_plan_or_report,
+)
+
+RANK_TABLE_VERSION = "1.0"
+HOST_NIC_IP_RESERVED = "reserve"  # what hccl_tools.py writes (seed 004)
+
+
+class RankTableError(ValueError):
+    """The rank table cannot be made: an invalid plan or an unknown master."""
+
+    def __init__(self, message: str, violations: list[Violation] | None = None) -> None:
+        super().__init__(message)
+        self.violations = violations or []
+
+
+def order_servers(plan: Plan, master: str | None = None) -> list[Server]:
+    """The plan's servers with the master first, the others in plan order. master: host_ip or host name."""
+    servers = list(plan.servers)
+    if master is None:
+        return servers
+    for index, server in enumerate(servers):
+        if master in (server.host_ip, server.host):
+            return [servers[index], *servers[:index], *servers[index + 1 :]]
+    known = ", ".join(
+        server.host_ip if not server.host else f"{server.host} ({server.host_ip})" for server in servers
+    )
+    raise RankTableError(f"master {master!r} is not a server of the plan; servers: {known}")
+
+
+def rank_table(
+    plan: Plan, master: str | None = None, host_nic_ip: str | None = HOST_NIC_IP_RESERVED
+) -> dict[str, Any]:
+    """The version 1.0 rank table of a valid plan; RankTableError (with .violations) for an invalid one.
+
+    master names the server whose devices take ranks 0..n-1 (default: the plan's first server).
+    host_nic_ip is written per server as hccl_tools.py does; None leaves the key out (seed 003's form).
+    """
+    blocking = errors(check_plan(plan))
+    if blocking:
+        lines = "\n".join(f"  {violation}" for violation in blocking)
+        raise RankTableError(f"the plan breaks {len(blocking)} rule(s):\n{lines}", blocking)
+    server_list: list[dict[str, Any]] = []
+    rank = 0
+    for server in order_servers(plan, master):
+        devices = []
+        for device_id, device_ip in enumerate(server.device_ips):
+            devices.append({"device_id": str(device_id), "device_ip": device_ip, "rank_id": str(rank)})
+            rank += 1
+        entry: dict[str, Any] = {"server_id": server.host_ip, "device": devices}
+        if host_nic_ip is not None:
+            entry["host_nic_ip"] = host_nic_ip
+        server_list.append(entry)
+    return {
+        "version": RANK_TABLE_VERSION,
+        "server_count": str(len(server_list)),
+        "server_list": server_list,
+        "status": "completed",
+    }
+
+
+def rank_table_dict(data: Any, master: str | None = None) -> dict[str, Any]:
+    """rank_table for plain plan data, as an Ansible filter plugin calls it (PlanError, RankTableError)."""
+    return rank_table(plan_from_dict(data), master=master)
+
+
+def dumps(table: dict[str, Any]) -> str:
+    """The JSON text, indented like hccl_tools.py's output, with a final newline."""
+    return json.dumps(table, indent=4) + "\n"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddp-cluster rank-table",
+        description="Print the HCCL rank table (version 1.0) of a device-IP plan. "
+        "Exit 1 if the plan breaks a rule, 2 on bad input.",
+    )
+    parser.add_argument("plan", metavar="PLAN.yml")
+    parser.add_argument(
+        "--master", help="host_ip or host name of the server that takes rank 0 (default: the first)"
+    )
+    parser.add_argument("-o", "--output", metavar="FILE", help="write the table to FILE instead of stdout")
+    return parser
+
+
+def cli(argv: list[str]) -> int:
+    prog = "ddp-cluster rank-table"
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    plan = read_plan_or_report(args.plan, prog)
+    if plan is None:
+        return 2
+    try:
+        table = rank_table(plan, master=args.master)
+    except RankTableError as exc:
+        print(f"{prog}: {args.plan}: {exc}", file=sys.stderr)
+        return 1 if exc.violations else 2
+    text = dumps(table)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        _write_atomically(Path(args.output), text)
+    except OSError as exc:
+        print(f"{prog}: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    ranks = sum(len(server["device"]) for server in table["server_list"])
+    print(f"{prog}: wrote {args.output} ({table['server_count']} server(s), {ranks} ranks)", file=sys.stderr)
+    return 0

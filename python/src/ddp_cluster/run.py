@@ -1,0 +1,60 @@
+"""Run a torchrun-style script under mpirun or srun: ``python -m ddp_cluster.run SCRIPT [ARGS...]``.
+
+The distributed environment is resolved from OpenMPI or Slurm variables (see :mod:`ddp_cluster.distenv`), the
+variables torchrun would have set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+MASTER_PORT) are exported, and SCRIPT runs in this same process as ``__main__`` with ``sys.argv`` set, so an
+unmodified script that calls ``init_process_group("env://")`` just works. ``-m MODULE`` runs a module instead.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ddp_cluster.distenv import resolve_dist_env
+from ddp_cluster.errors import DdpClusterError
+
+USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
+
+
+def export_torchrun_variables() -> dict[str, str]:
+    """Resolve this process's place in the job and export it the way torchrun does; returns what was set."""
+    variables = resolve_dist_env().torchrun_variables()
+    os.environ.update(variables)
+    return variables
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE + "\n\n" + (__doc__ or "").strip())
+        return 0 if args else 2
+    as_module = args[0] == "-m"
+    if as_module and len(args) < 2:
+        print(f"ddp_cluster.run: -m needs a module name\n{USAGE}", file=sys.stderr)
+        return 2
+    target, script_args = (args[1], args[2:]) if as_module else (args[0], args[1:])
+    if not as_module and not Path(target).is_file():
+        print(f"ddp_cluster.run: error: script {target!r} not found (cwd {os.getcwd()})", file=sys.stderr)
+        return 2
+    try:
+        export_torchrun_variables()
+    except DdpClusterError as error:
+        print(f"ddp_cluster.run: error: {error}", file=sys.stderr)
+        return 2
+    if as_module:
+        sys.argv = [target, *script_args]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target, *script_args]
+        # As ``python SCRIPT`` does: the script's directory comes first on the import path.
+        sys.path.insert(0, str(Path(target).resolve().parent))
+        runpy.run_path(target, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

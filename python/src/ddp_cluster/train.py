@@ -1,0 +1,486 @@
+"""The DDP training entrypoint: ``python -m ddp_cluster.train --dataset digits --epochs 5 --output-dir DIR``.
+
+Runs as one process per device under torchrun, mpirun (OpenMPI) or srun (Slurm), or alone. ``--batch-size``
+is per process: the global batch is ``batch_size * world_size``. Writes ``DIR/metrics.jsonl``,
+``DIR/summary.json`` and ``DIR/checkpoints/`` (rank 0 only); see :mod:`ddp_cluster.report` for what each rank
+prints. ``--resume`` continues from the newest checkpoint and says which; without a checkpoint it says so and
+starts from scratch. A run without ``--resume`` refuses a directory that already holds checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+try:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
+except ImportError as missing:  # the controller installs the package without torch
+    raise ImportError(
+        f"ddp_cluster.train needs torch, numpy and scikit-learn ({missing}): pip install 'ddp-cluster[train]'"
+    ) from missing
+
+from ddp_cluster import checkpoint as ckpt
+from ddp_cluster.data import DATASETS, Data, load_dataset
+from ddp_cluster.device import BACKEND_CHOICES, DEVICE_CHOICES, Placement, select_placement
+from ddp_cluster.distenv import DistEnv, resolve_dist_env
+from ddp_cluster.errors import CheckpointError, DdpClusterError
+from ddp_cluster.models import build_model
+from ddp_cluster.report import Reporter
+
+EVAL_BATCH_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    output_dir: Path
+    dataset: str = "digits"
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    resume: bool = False
+    seed: int = 0
+    backend: str = "auto"
+    device: str = "auto"
+    data_dir: Path = Path("data")
+    checkpoint_keep: int = 3
+    synthetic_samples: int = 4096
+    synthetic_features: int = 32
+    log_every: int = 10
+    num_workers: int = 0
+    dist_timeout: float = 1800.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / "checkpoints"
+
+
+@dataclass
+class Resumed:
+    """Where a run starts: from scratch (all defaults) or from a checkpoint."""
+
+    path: Path | None = None
+    epoch: int = 0
+    step: int = 0
+    last_epoch_record: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainState:
+    model: DDP
+    optimizer: torch.optim.Optimizer
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps taken
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    p = argparse.ArgumentParser(
+        prog="python -m ddp_cluster.train", description=(__doc__ or "").split("\n")[0]
+    )
+    p.add_argument("--dataset", choices=DATASETS, default="digits")
+    p.add_argument(
+        "--epochs", type=int, default=10, help="train until this many epochs are done (default 10)"
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="per process (default 32)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--output-dir", type=Path, required=True, help="metrics.jsonl, summary.json, checkpoints/")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT_DIR")
+    p.add_argument(
+        "--seed", type=int, default=0, help="model init, data order and synthetic data (default 0)"
+    )
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="mnist/cifar10 files (default ./data)")
+    p.add_argument("--checkpoint-keep", type=int, default=3, help="keep the newest K checkpoints (default 3)")
+    p.add_argument("--synthetic-samples", type=int, default=4096, help="training samples of 'synthetic'")
+    p.add_argument("--synthetic-features", type=int, default=32, help="input size of 'synthetic'")
+    p.add_argument("--log-every", type=int, default=10, help="log the loss every N steps; 0: epochs only")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    p.add_argument("--dist-timeout", type=float, default=1800.0, help="collective timeout in seconds")
+    args = p.parse_args(argv)
+    for name, minimum in [("epochs", 1), ("batch_size", 1), ("checkpoint_keep", 1), ("log_every", 0)]:
+        if getattr(args, name) < minimum:
+            p.error(f"--{name.replace('_', '-')} must be at least {minimum}, not {getattr(args, name)}")
+    if args.lr <= 0 or args.num_workers < 0 or args.dist_timeout <= 0:
+        p.error("--lr and --dist-timeout must be positive, --num-workers not negative")
+    return TrainConfig(**vars(args))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextmanager
+def process_group(env: DistEnv, placement: Placement, timeout_s: float) -> Iterator[None]:
+    """Join the job's process group; leave it with a barrier then destroy, in ``finally``.
+
+    The barrier runs only after success: measured with torch 2.13 and gloo, destroying the group without it
+    made one rank abort at exit in 1 run of 4. After an error, a barrier would wait for ranks that may be
+    stuck in another collective, so the group is destroyed at once and the launcher stops the others.
+    """
+    timeout = timedelta(seconds=timeout_s)
+    if env.world_size == 1:  # no rendezvous and no port needed
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group(placement.backend, store=store, rank=0, world_size=1, timeout=timeout)
+    else:
+        init = f"tcp://{_host_for_url(env.master_addr)}:{env.master_port}"
+        dist.init_process_group(
+            placement.backend, init_method=init, rank=env.rank, world_size=env.world_size, timeout=timeout
+        )
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        try:
+            if finished:
+                dist.barrier(device_ids=placement.device_ids if placement.kind == "cuda" else None)
+        finally:
+            dist.destroy_process_group()
+
+
+def _host_for_url(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def make_loader(
+    dataset: TensorDataset, env: DistEnv, config: TrainConfig, pin: bool
+) -> tuple[DataLoader[Any], DistributedSampler[Any]]:
+    """Each rank reads its 1/world_size share; a batch is read with one tensor index, not sample by sample."""
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=config.seed, drop_last=False
+    )
+    batches = BatchSampler(sampler, batch_size=config.batch_size, drop_last=False)
+    loader: DataLoader[Any] = DataLoader(
+        dataset, sampler=batches, batch_size=None, num_workers=config.num_workers, pin_memory=pin
+    )
+    return loader, sampler
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    # float32: HCCL on Atlas training products reduces no float64.
+    tensor = torch.tensor(values, dtype=torch.float32, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return [float(v) for v in tensor.tolist()]
+
+
+def run_batch(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, targets: Any) -> torch.Tensor:
+    """One optimizer step; returns the batch's mean loss, detached (still on the device: no sync here)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(inputs), targets)
+    loss.backward()  # type: ignore[no-untyped-call]  # DDP averages the gradients across ranks here
+    optimizer.step()
+    return loss.detach()
+
+
+def run_epoch(
+    state: TrainState, loader: DataLoader[Any], device: torch.device, config: TrainConfig, reporter: Reporter
+) -> tuple[float, float, float]:
+    """Train one epoch; returns (mean loss over all ranks, samples over all ranks, this rank's mean loss)."""
+    state.model.train()  # type: ignore[no-untyped-call]
+    batches = len(loader)
+    epoch_number = state.epoch + 1
+    losses: list[torch.Tensor] = []
+    sizes: list[int] = []
+    logged = 0  # entries of losses/sizes already logged
+    for batch, (inputs, targets) in enumerate(loader, start=1):
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        losses.append(run_batch(state.model, state.optimizer, inputs, targets))
+        sizes.append(int(targets.shape[0]))
+        state.step += 1
+        if config.log_every and state.step % config.log_every == 0:
+            loss_sum, count = _weighted(losses[logged:], sizes[logged:], device)
+            loss_sum, count = all_reduce_sum([loss_sum, count], device)
+            logged = len(losses)
+            mean = loss_sum / count
+            reporter.progress(epoch_number, config.epochs, batch, batches, mean)
+            reporter.record(
+                {
+                    "kind": "step",
+                    "epoch": epoch_number,
+                    "step": state.step,
+                    "loss": mean,
+                    "samples": int(count),
+                }
+            )
+    local_sum, local_count = _weighted(losses, sizes, device)
+    total_sum, total_count = all_reduce_sum([local_sum, local_count], device)
+    return total_sum / max(total_count, 1.0), total_count, local_sum / max(local_count, 1.0)
+
+
+def _weighted(losses: list[torch.Tensor], sizes: list[int], device: torch.device) -> tuple[float, float]:
+    if not losses:
+        return 0.0, 0.0
+    weights = torch.tensor(sizes, dtype=losses[0].dtype, device=device)
+    return float((torch.stack(losses) * weights).sum()), float(sum(sizes))
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, dataset: TensorDataset, env: DistEnv, device: torch.device
+) -> tuple[float, float]:
+    """(loss, accuracy) on the whole test set: rank r takes samples r, r+W, ..., so none is counted twice."""
+    model.eval()
+    inputs_all, targets_all = dataset.tensors
+    mine = torch.arange(env.rank, len(targets_all), env.world_size)
+    loss_sum, correct = 0.0, 0.0
+    for chunk in mine.split(EVAL_BATCH_SIZE):  # type: ignore[no-untyped-call]
+        inputs, targets = inputs_all[chunk].to(device), targets_all[chunk].to(device)
+        logits = model(inputs)
+        loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+        correct += float((logits.argmax(dim=1) == targets).sum())
+    loss_sum, correct, count = all_reduce_sum([loss_sum, correct, float(len(mine))], device)
+    return loss_sum / max(count, 1.0), correct / max(count, 1.0)
+
+
+def params_digest(model: nn.Module) -> str:
+    """SHA-256 of every parameter and buffer, in order: equal digests mean bitwise equal models."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def agree_on_start(config: TrainConfig, env: DistEnv) -> tuple[Path, bytes] | None:
+    """Rank 0 decides how the run starts and tells every rank, so that all fail or go on together.
+
+    Returns the checkpoint to resume from and its verified bytes, or None to start from scratch. Only rank 0
+    reads the checkpoints folder: the other nodes need no shared filesystem.
+    """
+    decision: tuple[str, Any, Any] = ("fresh", None, None)
+    if env.is_main:
+        try:
+            decision = _decide_start(config)
+        except CheckpointError as error:
+            decision = ("error", str(error), None)
+    box: list[Any] = [decision]
+    dist.broadcast_object_list(box, src=0)
+    action, detail, payload = box[0]
+    if action == "error":
+        raise CheckpointError(detail)
+    return (Path(detail), payload) if action == "resume" else None
+
+
+def _decide_start(config: TrainConfig) -> tuple[str, Any, Any]:
+    existing = ckpt.list_checkpoints(config.checkpoint_dir)
+    if not config.resume:
+        if existing:
+            raise CheckpointError(
+                f"{config.checkpoint_dir} already holds {len(existing)} checkpoint(s) of an earlier run: "
+                "pass --resume to continue it, or use another --output-dir (or delete them) to start over"
+            )
+        return "fresh", None, None
+    if not existing:
+        return "fresh", None, None
+    path = existing[-1][1]
+    try:
+        payload = ckpt.read_verified(path)
+    except CheckpointError as error:
+        older = f" to resume from {existing[-2][1].name}" if len(existing) > 1 else ""
+        raise CheckpointError(f"{error}; delete it{older}, or start over in another --output-dir") from None
+    return "resume", str(path), payload
+
+
+def restore(
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    path: Path,
+    payload: bytes,
+    config: TrainConfig,
+    reporter: Reporter,
+) -> Resumed:
+    """Load a verified checkpoint into the unwrapped model and the optimizer, before the DDP wrap."""
+    saved = ckpt.decode(payload, path)  # onto the cpu; load_state_dict copies onto the model's device
+    saved_dataset = saved.get("config", {}).get("dataset")
+    if saved_dataset != config.dataset:
+        raise CheckpointError(
+            f"checkpoint {path} was written by a run on dataset {saved_dataset!r}, this run asks for "
+            f"{config.dataset!r}: use the same --dataset, or another --output-dir"
+        )
+    try:
+        raw_model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as error:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {error}") from error
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr  # the command line wins over the checkpoint
+    ckpt.restore_rng_state(saved["rng"])
+    saved_layout = (saved.get("world_size"), saved.get("config", {}).get("batch_size"))
+    if saved_layout != (dist.get_world_size(), config.batch_size):
+        reporter.main_line(
+            f"note: checkpoint {path.name} was written with world size {saved_layout[0]} and batch size "
+            f"{saved_layout[1]}, this run has {dist.get_world_size()} and {config.batch_size}: it goes on, "
+            "but its data order and steps differ from those of an uninterrupted run"
+        )
+    return Resumed(path, int(saved["epoch"]), int(saved["step"]), dict(saved.get("metrics", {})))
+
+
+def prepare(
+    config: TrainConfig, env: DistEnv, placement: Placement, data: Data, reporter: Reporter
+) -> tuple[TrainState, Resumed]:
+    """Model and optimizer, from scratch or from the newest checkpoint, then the DDP wrap."""
+    seed_everything(config.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    raw_model = build_model(data).to(placement.device)
+    optimizer = torch.optim.SGD(raw_model.parameters(), lr=config.lr, momentum=config.momentum)
+    resumed = Resumed()
+    found = agree_on_start(config, env)
+    if found is not None:
+        resumed = restore(raw_model, optimizer, *found, config, reporter)
+        reporter.line(f"resuming from {resumed.path} (epoch {resumed.epoch}, step {resumed.step})")
+    elif config.resume:
+        reporter.main_line(f"--resume: no checkpoint in {config.checkpoint_dir}, starting from scratch")
+    model = DDP(raw_model, device_ids=placement.device_ids)
+    return TrainState(model, optimizer, resumed.epoch, resumed.step), resumed
+
+
+def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -> dict[str, Any]:
+    """Train to ``config.epochs`` in an initialised process group; returns the summary (rank 0 writes it)."""
+    device = placement.device
+    reporter = Reporter(env.rank, env.world_size, config.output_dir)
+    reporter.line(
+        f"started by {env.launcher}: local rank {env.local_rank}/{env.local_world_size}, "
+        f"node {env.node_rank}, master {env.master_addr}:{env.master_port}, "
+        f"device {device}, backend {placement.backend}"
+    )
+    state, resumed = prepare(config, env, placement, data, reporter)
+    loader, sampler = make_loader(data.train, env, config, pin=placement.kind == "cuda")
+    reporter.open_metrics(keep_until_step=state.step if resumed.path else None)
+    reporter.main_line(
+        f"training {data.name} ({len(data.train)} samples) epochs {state.epoch + 1}..{config.epochs}, "
+        f"global batch {config.batch_size * env.world_size}"
+    )
+    last_record, checkpoint = resumed.last_epoch_record, resumed.path
+    samples_trained, busy_seconds, eval_seconds = 0.0, 0.0, 0.0
+    loop_start = time.perf_counter()
+    try:
+        for epoch in range(state.epoch, config.epochs):
+            sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            start = time.perf_counter()
+            loss, samples, local_loss = run_epoch(state, loader, device, config, reporter)
+            trained = time.perf_counter()
+            test_loss, accuracy = evaluate(state.model.module, data.test, env, device)
+            evaluated = time.perf_counter()
+            state.epoch = epoch + 1
+            last_record = {
+                "kind": "epoch",
+                "epoch": state.epoch,
+                "step": state.step,
+                "loss": loss,
+                "test_loss": test_loss,
+                "test_accuracy": accuracy,
+                "samples": int(samples),
+                "seconds": trained - start,
+                "samples_per_s": samples / (trained - start),
+            }
+            if env.is_main:
+                snapshot = _snapshot(state, config, env, last_record)
+                checkpoint = ckpt.save_checkpoint(
+                    config.checkpoint_dir, state.epoch, snapshot, config.checkpoint_keep
+                )
+            reporter.record(last_record)
+            reporter.main_line(
+                f"epoch {state.epoch}/{config.epochs} loss {loss:.4f} test_loss {test_loss:.4f} "
+                f"test_accuracy {accuracy:.4f} {last_record['samples_per_s']:.0f} samples/s"
+            )
+            reporter.line(f"epoch {state.epoch} done: {len(loader)} batches, local loss {local_loss:.4f}")
+            samples_trained += samples
+            eval_seconds += evaluated - trained
+            busy_seconds += time.perf_counter() - start - (evaluated - trained)  # training, checkpoint, logs
+        seconds = time.perf_counter() - loop_start
+        digest = params_digest(state.model.module)
+        reporter.line(f"done: epoch {state.epoch}, step {state.step}, params sha256 {digest}")
+        summary = {
+            "dataset": config.dataset,
+            "epochs": state.epoch,
+            "world_size": env.world_size,
+            "batch_size": config.batch_size,
+            "global_batch_size": config.batch_size * env.world_size,
+            "lr": config.lr,
+            "steps": state.step,
+            "final_loss": last_record.get("loss"),
+            "accuracy": last_record.get("test_accuracy"),
+            "test_loss": last_record.get("test_loss"),
+            "samples": int(samples_trained),
+            "samples_per_s": samples_trained / busy_seconds if busy_seconds > 0 else None,
+            "seconds": seconds,
+            "train_seconds": busy_seconds,
+            "eval_seconds": eval_seconds,
+            "device": placement.kind,
+            "backend": placement.backend,
+            "launcher": env.launcher,
+            "checkpoint": _relative(checkpoint, config.output_dir),
+            "resumed_from": _relative(resumed.path, config.output_dir),
+            "params_sha256": digest,
+        }
+        reporter.write_summary(summary)
+        return summary
+    finally:
+        reporter.close()
+
+
+def _snapshot(state: TrainState, config: TrainConfig, env: DistEnv, record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": state.model.module.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "epoch": state.epoch,
+        "step": state.step,
+        "rng": ckpt.capture_rng_state(),
+        "config": config.to_dict(),
+        "world_size": env.world_size,
+        "metrics": record,
+    }
+
+
+def _relative(path: Path | None, root: Path) -> str | None:
+    """Paths in summary.json are relative to the output folder, which the launcher copies elsewhere."""
+    if path is None:
+        return None
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    env: DistEnv | None = None
+    try:
+        env = resolve_dist_env()
+        placement = select_placement(config.device, config.backend, env)
+        data = load_dataset(
+            config.dataset, config.data_dir, config.seed, config.synthetic_samples, config.synthetic_features
+        )
+        with process_group(env, placement, config.dist_timeout):
+            train(config, env, placement, data)
+    except DdpClusterError as error:
+        where = f"[rank {env.rank}/{env.world_size}] " if env else ""
+        print(f"{where}ddp_cluster.train: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
