@@ -149,7 +149,7 @@ def read_idx(path: Path) -> np.ndarray:
             f"{path} is truncated or padded: its header says {shape} = {expected} bytes, "
             f"the file has {len(raw) - header}"
         )
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape).copy()  # writable, for torch
 
 
 CIFAR10_RECORD = 1 + 3 * 32 * 32

@@ -1,0 +1,58 @@
+"""The mesh as a user meets it: logins between real containers with host-key checking on."""
+
+import os
+
+import pytest
+import testinfra.utils.ansible_runner
+
+inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_hosts("all")
+NODES = ["mesh0", "mesh1"]
+
+
+@pytest.mark.parametrize("target", NODES)
+def test_login_to_every_node_without_prompt(host, target):
+    result = host.run(f"ssh {target} hostname")
+    assert result.rc == 0, result.stderr
+    assert result.stdout.strip() == target
+
+
+def test_client_checks_host_keys_on_the_cluster_port(host):
+    config = host.run("ssh -G mesh1").stdout.splitlines()
+    assert "stricthostkeychecking true" in config
+    assert "port 2222" in config
+    assert "batchmode yes" in config
+
+
+def test_known_hosts_pins_each_node_s_real_host_key(host):
+    known = host.file("/etc/ddp-cluster/known_hosts").content_string
+    for node in NODES:
+        key = host.run(f"ssh-keyscan -p 2222 -t ed25519 {node}").stdout.split()
+        assert key, f"no host key from {node}"
+        assert f"[{node}]:2222 {key[1]} {key[2]}" in known
+
+
+def test_unknown_host_key_is_refused(host):
+    result = host.run("ssh -o UserKnownHostsFile=/dev/null mesh1 true")
+    assert result.rc != 0
+    assert "verification failed" in result.stderr or "No ED25519 host key" in result.stderr
+
+
+def test_password_login_is_refused(host):
+    result = host.run(
+        "ssh -o PubkeyAuthentication=no -o PasswordAuthentication=yes -o BatchMode=yes mesh1 true"
+    )
+    assert result.rc != 0
+    assert "Permission denied" in result.stderr
+
+
+def test_private_key_is_readable_by_root_only(host):
+    key = host.file("/root/.ssh/id_ddp_cluster")
+    assert key.mode == 0o600
+    assert key.user == "root"
+
+
+def test_authorized_keys_holds_only_the_cluster_key(host):
+    lines = host.file("/etc/ddp-cluster/authorized_keys").content_string.splitlines()
+    assert len(lines) == 1
+    assert lines[0].endswith("ddp-cluster-molecule-mesh")

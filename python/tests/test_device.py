@@ -1,0 +1,108 @@
+"""Device and backend selection: auto order npu > cuda > cpu, overrides, and the refusals."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from ddp_cluster.device import (
+    Accelerators,
+    Placement,
+    choose_placement,
+    detect_accelerators,
+    select_placement,
+)
+from ddp_cluster.distenv import DistEnv, resolve_dist_env
+from ddp_cluster.errors import DeviceError, DistEnvError
+
+NOTHING = Accelerators(
+    cuda_count=0, npu_count=0, npu_error="ModuleNotFoundError: No module named 'torch_npu'"
+)
+TWO_GPUS = Accelerators(
+    cuda_count=2, npu_count=0, npu_error="ModuleNotFoundError: No module named 'torch_npu'"
+)
+EIGHT_NPUS = Accelerators(cuda_count=0, npu_count=8, npu_error=None)
+
+
+def env_with_local_rank(local_rank: int, local_world: int = 8) -> DistEnv:
+    return resolve_dist_env(
+        {
+            "OMPI_COMM_WORLD_RANK": str(local_rank),
+            "OMPI_COMM_WORLD_SIZE": str(local_world),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+            "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_world),
+            "MASTER_ADDR": "node1",
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("found", "expected"),
+    [
+        (NOTHING, Placement("cpu", None, "gloo")),
+        (TWO_GPUS, Placement("cuda", 1, "nccl")),
+        (EIGHT_NPUS, Placement("npu", 1, "hccl")),
+        (Accelerators(cuda_count=2, npu_count=8, npu_error=None), Placement("npu", 1, "hccl")),
+        (Accelerators(cuda_count=2, npu_count=0, npu_error=None), Placement("cuda", 1, "nccl")),
+    ],
+)
+def test_auto_prefers_npu_then_cuda_then_cpu(found: Accelerators, expected: Placement) -> None:
+    assert choose_placement("auto", "auto", env_with_local_rank(1), found) == expected
+
+
+def test_overrides() -> None:
+    env = env_with_local_rank(1)
+    assert choose_placement("cpu", "auto", env, EIGHT_NPUS) == Placement("cpu", None, "gloo")
+    assert choose_placement("cuda", "gloo", env, TWO_GPUS) == Placement("cuda", 1, "gloo")
+    assert choose_placement("auto", "gloo", env, NOTHING).backend == "gloo"
+
+
+def test_npu_without_torch_npu_says_so() -> None:
+    with pytest.raises(DeviceError, match="--device npu needs torch_npu.*No module named 'torch_npu'"):
+        choose_placement("npu", "auto", env_with_local_rank(0), NOTHING)
+
+
+def test_npu_without_devices_says_so() -> None:
+    found = Accelerators(cuda_count=0, npu_count=0, npu_error=None)
+    with pytest.raises(DeviceError, match="no npu device is visible"):
+        choose_placement("npu", "auto", env_with_local_rank(0), found)
+
+
+@pytest.mark.parametrize(
+    ("device", "backend", "found", "message"),
+    [
+        ("cpu", "nccl", NOTHING, "--backend nccl cannot run on cpu tensors; use gloo"),
+        ("cpu", "hccl", NOTHING, "--backend hccl cannot run on cpu"),
+        ("auto", "hccl", TWO_GPUS, "--backend hccl cannot run on cuda"),
+        ("npu", "nccl", EIGHT_NPUS, "--backend nccl cannot run on npu"),
+        ("cuda", "auto", NOTHING, "no cuda device is visible"),
+        ("tpu", "auto", NOTHING, "--device 'tpu' is not one of"),
+        ("cpu", "mpi", NOTHING, "--backend 'mpi' is not one of"),
+    ],
+)
+def test_impossible_combinations_are_refused(
+    device: str, backend: str, found: Accelerators, message: str
+) -> None:
+    with pytest.raises(DeviceError, match=message.replace("(", r"\(")):
+        choose_placement(device, backend, env_with_local_rank(0), found)
+
+
+def test_local_rank_beyond_visible_devices() -> None:
+    # 8 processes per node, 2 GPUs: local rank 5 has none
+    with pytest.raises(DistEnvError, match=r"OMPI_COMM_WORLD_LOCAL_RANK=5 but only 2 cuda device\(s\)"):
+        choose_placement("auto", "auto", env_with_local_rank(5), TWO_GPUS)
+    # on cpu the local rank needs no device
+    assert choose_placement("cpu", "auto", env_with_local_rank(5), TWO_GPUS).kind == "cpu"
+
+
+def test_this_machine_detects_no_npu_and_selects_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import fails even where torch_npu is installed
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    found = detect_accelerators(probe_npu=True)
+    assert found.npu_error is not None and "torch_npu" in found.npu_error
+    placement = select_placement("auto", "auto", resolve_dist_env({}))
+    assert placement == Placement("cpu", None, "gloo")
+    assert str(placement.device) == "cpu" and placement.device_ids is None
+    with pytest.raises(DeviceError, match="torch_npu"):
+        select_placement("npu", "auto", resolve_dist_env({}))

@@ -1,0 +1,206 @@
+"""ddp_cluster.train in this process (a world of one): outputs, resume rules, errors, the progress bar."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from ddp_cluster import checkpoint as ckpt
+from ddp_cluster.report import Reporter
+from ddp_cluster.train import main, parse_args
+
+SMALL = [
+    "--dataset",
+    "synthetic",
+    "--synthetic-samples",
+    "256",
+    "--batch-size",
+    "32",
+    "--lr",
+    "0.2",
+    "--log-every",
+    "3",
+]
+TIMING_KEYS = {"seconds", "samples_per_s"}
+
+pytestmark = pytest.mark.usefixtures("no_launcher")
+
+
+def train(out: Path, *args: str) -> int:
+    return main([*SMALL, "--output-dir", str(out), *args])
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+
+
+def summary(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return data
+
+
+def test_outputs_of_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert train(tmp_path, "--epochs", "2") == 0
+    assert not dist.is_initialized()  # the process group was destroyed
+    result = summary(tmp_path)
+    assert result["dataset"] == "synthetic" and result["epochs"] == 2 and result["world_size"] == 1
+    assert result["steps"] == 16 and result["samples"] == 512
+    assert 0 < result["final_loss"] < 2.3 and 0.3 < result["accuracy"] <= 1  # it learned something
+    assert result["samples_per_s"] > 0 and result["seconds"] >= result["train_seconds"] > 0
+    assert result["checkpoint"] == "checkpoints/epoch-00002.ckpt" and result["resumed_from"] is None
+    assert (tmp_path / result["checkpoint"]).is_file()
+
+    rows = records(tmp_path)
+    steps = [r for r in rows if r["kind"] == "step"]
+    epochs = [r for r in rows if r["kind"] == "epoch"]
+    assert [r["step"] for r in steps] == [3, 6, 9, 12, 15]
+    assert [(r["epoch"], r["step"]) for r in epochs] == [(1, 8), (2, 16)]
+    assert all({"loss", "test_accuracy", "samples_per_s"} <= r.keys() for r in epochs)
+    assert epochs[-1]["loss"] == result["final_loss"] and epochs[-1]["test_accuracy"] == result["accuracy"]
+
+    out = capsys.readouterr().out
+    assert "\r" not in out  # not a terminal: plain lines only
+    assert all(line.startswith("[rank 0/1] ") for line in out.splitlines())
+    assert "params sha256 " + result["params_sha256"] in out
+
+
+def test_checkpoint_keep(tmp_path: Path) -> None:
+    assert train(tmp_path, "--epochs", "3", "--checkpoint-keep", "2") == 0
+    assert [e for e, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [2, 3]
+    saved = ckpt.load_checkpoint(tmp_path / "checkpoints" / "epoch-00003.ckpt")
+    assert saved["epoch"] == 3 and saved["step"] == 24 and saved["config"]["dataset"] == "synthetic"
+    assert {"model", "optimizer", "rng", "config", "metrics"} <= saved.keys()
+    assert set(saved["rng"]) >= {"python", "numpy", "torch"}
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert train(whole, "--epochs", "3") == 0
+    assert train(parts, "--epochs", "1") == 0
+    # a run killed in epoch 2 left step records past the checkpoint, and a torn line
+    with open(parts / "metrics.jsonl", "a") as metrics:
+        metrics.write('{"kind": "step", "epoch": 2, "step": 12, "loss": 9.9, "samples": 96}\n{"kind": "st')
+    capsys.readouterr()
+    assert train(parts, "--epochs", "3", "--resume") == 0
+    assert f"resuming from {parts}/checkpoints/epoch-00001.ckpt (epoch 1, step 8)" in capsys.readouterr().out
+    assert summary(parts)["params_sha256"] == summary(whole)["params_sha256"]
+    assert summary(parts)["resumed_from"] == "checkpoints/epoch-00001.ckpt"
+    assert without_timing(records(parts)) == without_timing(records(whole))
+
+
+def test_resume_without_checkpoint_starts_fresh_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert train(tmp_path, "--epochs", "1", "--resume") == 0
+    assert "--resume: no checkpoint in" in capsys.readouterr().out
+    assert summary(tmp_path)["resumed_from"] is None and summary(tmp_path)["epochs"] == 1
+
+
+def test_resume_when_already_done_trains_nothing(tmp_path: Path) -> None:
+    assert train(tmp_path, "--epochs", "2") == 0
+    before = summary(tmp_path)
+    assert train(tmp_path, "--epochs", "2", "--resume") == 0
+    after = summary(tmp_path)
+    assert after["samples"] == 0 and after["samples_per_s"] is None
+    assert after["accuracy"] == before["accuracy"] and after["params_sha256"] == before["params_sha256"]
+    assert after["checkpoint"] == "checkpoints/epoch-00002.ckpt"
+
+
+def test_fresh_run_refuses_a_directory_with_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert train(tmp_path, "--epochs", "1") == 0
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    assert train(tmp_path, "--epochs", "1") == 2
+    assert "already holds 1 checkpoint(s) of an earlier run: pass --resume" in capsys.readouterr().err
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics  # nothing changed
+    assert not dist.is_initialized()
+
+
+def test_corrupt_latest_checkpoint_is_named_and_not_loaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert train(tmp_path, "--epochs", "2") == 0
+    latest = tmp_path / "checkpoints" / "epoch-00002.ckpt"
+    latest.write_bytes(latest.read_bytes()[:-10])
+    capsys.readouterr()
+    assert train(tmp_path, "--epochs", "3", "--resume") == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {latest} is truncated" in err and "to resume from epoch-00001.ckpt" in err
+    assert summary(tmp_path)["epochs"] == 2  # the earlier summary stands
+    assert not dist.is_initialized()
+
+
+def test_resume_refuses_another_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert train(tmp_path, "--epochs", "1") == 0
+    assert main(["--dataset", "digits", "--epochs", "2", "--resume", "--output-dir", str(tmp_path)]) == 2
+    assert "written by a run on dataset 'synthetic', this run asks for 'digits'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--epochs", "0"], "--epochs must be at least 1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--lr", "-1"], "--lr and --dist-timeout must be positive"),
+        (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
+        (["--backend", "mpi"], "invalid choice: 'mpi'"),
+    ],
+)
+def test_bad_flags(tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--output-dir", str(tmp_path), *args])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_design_flags_parse(tmp_path: Path) -> None:
+    config = parse_args(
+        [
+            "--dataset",
+            "cifar10",
+            "--epochs",
+            "4",
+            "--batch-size",
+            "8",
+            "--lr",
+            "0.1",
+            "--output-dir",
+            str(tmp_path),
+        ]
+        + ["--resume", "--seed", "7", "--backend", "gloo", "--device", "cpu"]
+    )
+    assert (config.dataset, config.epochs, config.batch_size, config.lr, config.resume) == (
+        "cifar10",
+        4,
+        8,
+        0.1,
+        True,
+    )
+    assert (config.seed, config.backend, config.device, config.output_dir) == (7, "gloo", "cpu", tmp_path)
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path: Path) -> None:
+    terminal, pipe = FakeTerminal(), io.StringIO()
+    for stream in (terminal, pipe):
+        reporter = Reporter(0, 2, tmp_path, stream)
+        reporter.progress(1, 3, 5, 10, 0.5)
+        reporter.line("epoch 1 done")
+    assert terminal.getvalue().startswith("\repoch 1/3 [###############...............] 5/10 loss 0.5000\n")
+    assert pipe.getvalue() == "[rank 0/2] epoch 1/3 batch 5/10 loss 0.5000\n[rank 0/2] epoch 1 done\n"
+    other_rank = io.StringIO()
+    Reporter(1, 2, tmp_path, other_rank).progress(1, 3, 5, 10, 0.5)
+    assert other_rank.getvalue() == ""  # only rank 0 reports the job's progress
