@@ -1,4 +1,4 @@
-"""Checkpoint files: round trip, truncation and corruption named, atomic writes, keep the last K, RNG state."""
+"""Checkpoint files: round trip, truncation and corruption named, atomic writes, keep last K, RNG state."""
 
 from __future__ import annotations
 

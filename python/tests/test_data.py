@@ -1,4 +1,4 @@
-"""Datasets: digits split, seeded synthetic data, MNIST idx and CIFAR-10 binary readers, missing files named."""
+"""Datasets: digits split, seeded synthetic data, MNIST idx and CIFAR-10 binary readers, missing files."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def test_overrides() -> None:
 
 
 def test_npu_without_torch_npu_says_so() -> None:
-    with pytest.raises(DeviceError, match="--device npu needs torch_npu.*No module named 'torch_npu'"):
+    with pytest.raises(DeviceError, match=r"--device npu needs torch_npu.*No module named 'torch_npu'"):
         choose_placement("npu", "auto", env_with_local_rank(0), NOTHING)
 
 

@@ -1,4 +1,4 @@
-"""``python -m ddp_cluster.run``: an unmodified torchrun-style script gets torchrun's variables under mpirun."""
+"""``python -m ddp_cluster.run``: an unmodified torchrun-style script gets torchrun variables under mpirun."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 SHOW_ENV = textwrap.dedent(
     """
     import json, os, sys
-    names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"]
+    names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"]
+    names += ["MASTER_ADDR", "MASTER_PORT"]
     print(json.dumps({
         "env": {n: os.environ.get(n) for n in names},
         "argv": sys.argv,
@@ -34,7 +35,8 @@ TORCHRUN_SCRIPT = textwrap.dedent(
     dist.init_process_group("gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     value = torch.tensor([float(os.environ["RANK"]) + 1.0])
     dist.all_reduce(value)
-    print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} sum {value.item()}")
+    local = os.environ["LOCAL_RANK"]
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {local} sum {value.item()}")
     dist.barrier()
     dist.destroy_process_group()
     """

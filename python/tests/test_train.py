@@ -163,20 +163,20 @@ def test_bad_flags(tmp_path: Path, args: list[str], message: str, capsys: pytest
 
 
 def test_design_flags_parse(tmp_path: Path) -> None:
+    design = ["--dataset", "cifar10", "--epochs", "4", "--batch-size", "8", "--lr", "0.1"]
     config = parse_args(
         [
-            "--dataset",
-            "cifar10",
-            "--epochs",
-            "4",
-            "--batch-size",
-            "8",
-            "--lr",
-            "0.1",
+            *design,
             "--output-dir",
             str(tmp_path),
+            "--resume",
+            "--seed",
+            "7",
+            "--backend",
+            "gloo",
+            "--device",
+            "cpu",
         ]
-        + ["--resume", "--seed", "7", "--backend", "gloo", "--device", "cpu"]
     )
     assert (config.dataset, config.epochs, config.batch_size, config.lr, config.resume) == (
         "cifar10",

@@ -1,4 +1,4 @@
-"""Real 2-process gloo runs of ``python -m ddp_cluster.train`` on this host, launched as mpirun or torchrun would.
+"""Real 2-process gloo runs of ``python -m ddp_cluster.train`` on this host, started as mpirun or torchrun do.
 
 (a) every rank ends with bitwise identical parameters; (b) 2 processes x batch B match 1 process x batch 2B
 (the gradients are averaged, not summed); (c) digits reaches test accuracy >= 0.90; (d) a run stopped after

@@ -1,0 +1,87 @@
+# ddp-cluster: `make demo` brings up the local cluster and trains on it; `make test` runs every check.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_FORCE_COLOR ?= false
+export PY_COLORS ?= 0
+BASE_IMAGE ?= ddp-cluster/base:bookworm
+NODES ?= 2
+TORCH_VERSION ?= 2.13.0
+MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+
+.PHONY: help venv test-deps docker base-image image site train demo lint unit molecule e2e test bench clean
+
+help:
+	@echo "make demo    set up this machine and run site.yml, then train.yml -e nodes=$(NODES), on the local cluster"
+	@echo "make test    lint, unit tests, molecule scenarios and end-to-end tests"
+	@echo "make lint    yamllint, ansible-lint, ruff, mypy"
+	@echo "make bench   benchmarks (figures, not tests)"
+	@echo "make clean   remove the local cluster's containers, network and state"
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: requirements/controller.txt python/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements/controller.txt
+	$(BIN)/pip install --quiet -e python
+	touch $@
+
+# The tests train for real, so they need torch on the controller too (the demo does not).
+test-deps: $(VENV)/.installed-test
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e 'python[train,plot,test]' 'torch==$(TORCH_VERSION)'
+	touch $@
+
+docker:
+	@scripts/ensure-docker.sh
+	@command -v debootstrap >/dev/null || { echo "installing debootstrap"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
+
+base-image: docker
+	@scripts/build-base-image.sh $(BASE_IMAGE)
+
+image: venv base-image
+	ansible-playbook site.yml --tags preflight,image
+
+site: venv base-image
+	ansible-playbook site.yml
+
+train: venv
+	ansible-playbook train.yml -e nodes=$(NODES)
+
+demo: site
+	@if [ -f train.yml ]; then ansible-playbook train.yml -e nodes=$(NODES); fi
+
+lint: venv
+	yamllint -s .
+	ansible-lint
+	cd python && ruff check . && ruff format --check . && mypy
+	ruff check tests bench plugins inventories/local/hosts.py molecule
+	ruff format --check tests bench plugins inventories/local/hosts.py molecule
+
+unit: test-deps
+	cd python && pytest -q
+
+molecule: test-deps image
+	@for scenario in $(MOLECULE_SCENARIOS); do \
+	  echo "== molecule test -s $$scenario"; \
+	  molecule test -s $$scenario > build/molecule-$$scenario.log 2>&1 \
+	    || { tail -n 80 build/molecule-$$scenario.log; echo "molecule scenario $$scenario failed (log: build/molecule-$$scenario.log)"; exit 1; }; \
+	  grep -E "passed|failed" build/molecule-$$scenario.log | tail -n 1 || true; \
+	done
+
+e2e: test-deps base-image
+	pytest -q tests
+
+test: lint unit molecule e2e
+
+bench: test-deps base-image
+	$(BIN)/python bench/bench_site.py
+	$(BIN)/python bench/bench_train.py
+
+clean: venv
+	ansible-playbook playbooks/teardown.yml

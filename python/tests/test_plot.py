@@ -1,0 +1,81 @@
+"""``ddp-cluster plot``: a PNG of the loss curve from metrics.jsonl, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddp_cluster.cli import main as ddp_cluster
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_metrics(run: Path, lines: list[str]) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def sample_records() -> list[str]:
+    rows = [{"kind": "step", "epoch": 1, "step": s, "loss": 2.0 / s, "samples": 64} for s in range(2, 20, 2)]
+    rows += [{"kind": "epoch", "epoch": 1, "step": 10, "loss": 0.5, "test_accuracy": 0.8, "samples": 640}]
+    rows += [{"kind": "epoch", "epoch": 2, "step": 20, "loss": 0.2, "test_accuracy": 0.9, "samples": 640}]
+    return [json.dumps(row) for row in rows]
+
+
+def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_metrics(tmp_path / "run", sample_records())
+    assert ddp_cluster(["plot", str(tmp_path / "run")]) == 0
+    png = tmp_path / "run" / "loss.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
+    assert f"wrote {png} (11 records" in capsys.readouterr().out
+
+
+def test_plot_to_a_chosen_file_and_from_the_file_itself(tmp_path: Path) -> None:
+    write_metrics(tmp_path / "run", sample_records()[:3])  # step records only
+    out = tmp_path / "figures" / "curve.png"
+    assert ddp_cluster(["plot", str(tmp_path / "run" / "metrics.jsonl"), "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_torn_last_line_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_metrics(tmp_path, [*sample_records(), '{"kind": "step", "ep'])
+    assert ddp_cluster(["plot", str(tmp_path)]) == 0
+    assert "skipping the incomplete last line" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        ([], "holds no records"),
+        (["not json", *sample_records()], "line 1 is not JSON"),
+        (['{"kind": "step", "loss": 1.0}', *sample_records()], "line 1 is not a metrics record"),
+        (['{"kind": "epoch", "step": 3, "test_accuracy": 0.5}'], "no loss values to plot"),
+    ],
+)
+def test_bad_metrics_are_explained(
+    tmp_path: Path, lines: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_metrics(tmp_path, lines)
+    assert ddp_cluster(["plot", str(tmp_path)]) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "loss.png").exists()
+
+
+def test_missing_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ddp_cluster(["plot", str(tmp_path)]) == 1
+    assert "metrics.jsonl not found" in capsys.readouterr().err
+
+
+def test_missing_matplotlib_is_explained(tmp_path: Path) -> None:
+    write_metrics(tmp_path, sample_records())
+    code = "import sys; sys.modules['matplotlib'] = None; from ddp_cluster.cli import main; "
+    code += "sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", code, "plot", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert "needs matplotlib: pip install 'ddp-cluster[plot]'" in result.stderr

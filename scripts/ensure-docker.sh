@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers: install docker.io where it is missing (Debian/Ubuntu, as root), and start
+# the engine, with the service manager where there is one, else dockerd in the background.
+set -euo pipefail
+
+log=${DOCKERD_LOG:-/var/log/ddp-cluster-dockerd.log}
+
+if docker info >/dev/null 2>&1; then
+  echo "docker engine: running"
+  exit 0
+fi
+need_root() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "docker engine: $1 needs root; run 'sudo make docker' or start the engine yourself" >&2
+    exit 1
+  fi
+}
+if ! command -v dockerd >/dev/null 2>&1; then
+  need_root "installing docker.io"
+  echo "docker engine: installing docker.io"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq docker.io >/dev/null
+fi
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  need_root "starting docker"
+  systemctl start docker
+else
+  need_root "starting dockerd"
+  echo "docker engine: no service manager, starting dockerd in the background (log: $log)"
+  nohup dockerd >"$log" 2>&1 </dev/null &
+fi
+for _ in $(seq 1 60); do
+  if docker info >/dev/null 2>&1; then
+    echo "docker engine: running"
+    exit 0
+  fi
+  sleep 1
+done
+echo "docker engine: did not answer within 60 s; see $log" >&2
+exit 1

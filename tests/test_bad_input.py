@@ -1,0 +1,69 @@
+"""Bad input stops site.yml in preflight with a message naming what is wrong, before anything changes."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+from conftest import PlaybookResult, docker, recap_json, run_playbook
+
+
+def assert_stopped_before_any_change(result: PlaybookResult, message: str) -> None:
+    assert result.rc != 0, result.stdout[-3000:]
+    assert message in result.stdout, result.stdout[-3000:]
+    assert result.changed_hosts() == {}, recap_json(result)
+    # The stop came from preflight: no stage after it ran.
+    assert "TASK [training_image" not in result.stdout
+    assert "TASK [node_container" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("extravars", "message"),
+    [
+        ({"cluster_accelerator": "tpu"}, "cluster_accelerator=tpu is unknown: use cpu, npu or gpu"),
+        ({"cluster_ssh_port": 70000}, "cluster_ssh_port=70000 is not a port"),
+        ({"cluster_master_port": "http"}, "cluster_master_port=http is not a port"),
+        ({"cluster_nproc_per_node": 0}, "cluster_nproc_per_node=0 is not allowed"),
+        ({"cluster_accelerator": "npu", "cluster_nproc_per_node": 3}, "(npu: 1, 2, 4 or 8)"),
+        ({"cluster_master_port": 12345}, "cluster_ssh_port and cluster_master_port are both 12345"),
+        ({"cluster_network_mode": "host"}, "every node needs a machine of its own"),
+    ],
+    ids=["accelerator", "port-range", "port-not-number", "nproc-zero", "npu-nproc", "same-ports", "host-net-shared"],
+)
+def test_bad_setting_is_named(extravars: dict[str, object], message: str) -> None:
+    assert_stopped_before_any_change(run_playbook("site.yml", extravars=extravars), message)
+
+
+def test_zero_nodes_is_refused() -> None:
+    result = run_playbook("site.yml", env={"DDP_LOCAL_NODES": "0"})
+    assert result.rc != 0
+    assert "DDP_LOCAL_NODES=0 is out of range" in result.stdout
+
+
+def test_missing_docker_engine_is_named() -> None:
+    result = run_playbook("site.yml", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert_stopped_before_any_change(result, "no Docker engine answers")
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen(1)
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def test_taken_port_is_named(taken_port: int) -> None:
+    # One node on the host network (a real server's layout), whose ssh port something else holds.
+    docker("rm", "-f", "node0", check=False)
+    result = run_playbook(
+        "site.yml",
+        extravars={"cluster_network_mode": "host", "cluster_ssh_port": taken_port},
+        env={"DDP_LOCAL_NODES": "1"},
+    )
+    assert_stopped_before_any_change(result, "a port the cluster needs is taken")
+    assert str(taken_port) in result.stdout
