@@ -6,6 +6,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+
 from conftest import PlaybookResult, docker, recap_json, run_playbook
 
 

@@ -68,9 +68,7 @@ def test_password_login_is_off(local_cluster: PlaybookResult) -> None:
     assert "passwordauthentication no" in config
     assert "permitrootlogin without-password" in config
     assert "port 12345" in config
-    refused = node_exec(
-        "node0", "ssh -o PubkeyAuthentication=no -o PasswordAuthentication=yes node1 true", check=False
-    )
+    refused = node_exec("node0", "ssh -o PubkeyAuthentication=no -o PasswordAuthentication=yes node1 true", check=False)
     assert refused.returncode != 0
     assert "Permission denied" in refused.stderr
 

@@ -190,6 +190,12 @@ def test_position_subnet_on_two_servers() -> None:
     assert found(data) == {("server1", 3, "position-subnet"), ("server1", 7, "position-subnet")}
 
 
+def test_position_subnet_on_two_servers_blames_the_device_that_breaks_its_own_layout() -> None:
+    data = seed000()
+    data["servers"][0]["device_ips"][5] = "192.168.104.100"  # server0's device 5 leaves device 1's subnet
+    assert found(data) == {("server0", 5, "pair-subnet"), ("server0", 5, "position-subnet")}
+
+
 @pytest.mark.parametrize("count", [1, 2, 4, 8])
 def test_training_allows_1_2_4_8_devices(count: int) -> None:
     assert found(one_server(SEED000_SERVER0[:count])) == set()

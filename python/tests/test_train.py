@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +205,36 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path: Path) -> Non
     other_rank = io.StringIO()
     Reporter(1, 2, tmp_path, other_rank).progress(1, 3, 5, 10, 0.5)
     assert other_rank.getvalue() == ""  # only rank 0 reports the job's progress
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "message"),
+    [
+        (["--device", "npu"], {}, "--device npu needs torch_npu"),
+        (["--device", "cuda"], {}, "no cuda device is visible"),
+        (["--backend", "nccl"], {}, "--backend nccl cannot run on cpu tensors"),
+        (["--dataset", "mnist"], {}, "dataset file train-images-idx3-ubyte not found"),
+        (
+            [],
+            {"RANK": "3", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
+            "RANK=3 is not below",
+        ),
+    ],
+)
+def test_bad_setups_stop_before_training(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    environ: dict[str, str],
+    message: str,
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "run"
+    assert main([*SMALL, "--data-dir", str(tmp_path), "--output-dir", str(out), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()  # nothing was written
+    assert not dist.is_initialized()

@@ -462,11 +462,20 @@ def _check_four_subnet_layout(c: _Checker) -> None:
     if len(c.plan.servers) < 2:
         return
     positions = max(len(server.device_ips) for server in c.plan.servers)
+    # On a tie (two servers), trust the device that keeps its own server's layout: the odd one out is the
+    # device already reported for breaking it, not its healthy counterpart on the other server.
+    suspect = {
+        (s, v.device)
+        for (s, _, _), v in c.found
+        if v.rule in ("pair-subnet", "distinct-subnets", "ip-unique", "ip-host-part")
+    }
     for d in range(positions):
         subnets = {s: c.subnet(a) for (s, dev), a in c.addresses.items() if dev == d}
         if len(set(subnets.values())) < 2:
             continue
-        usual = _majority(subnets[s] for s in sorted(subnets))
+        counts = Counter(subnets[s] for s in sorted(subnets))
+        sound = Counter(subnets[s] for s in sorted(subnets) if (s, d) not in suspect)
+        usual = max(counts, key=lambda subnet: (counts[subnet], sound[subnet]))
         for s in sorted(subnets):
             if subnets[s] != usual:
                 c.add(

@@ -92,7 +92,9 @@ def plot_metrics(records: list[dict[str, Any]], out: Path, title: str) -> None:
 
 
 def cli(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="ddp-cluster plot", description=(__doc__ or "").split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="ddp-cluster plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run", type=Path, help="a run directory holding metrics.jsonl, or the file itself")
     parser.add_argument("-o", "--output", type=Path, help="the PNG to write (default: RUN/loss.png)")
     args = parser.parse_args(list(argv))

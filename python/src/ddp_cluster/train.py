@@ -93,7 +93,9 @@ class TrainState:
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     p = argparse.ArgumentParser(
-        prog="python -m ddp_cluster.train", description=(__doc__ or "").split("\n")[0]
+        prog="python -m ddp_cluster.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--dataset", choices=DATASETS, default="digits")
     p.add_argument(
@@ -135,9 +137,11 @@ def seed_everything(seed: int) -> None:
 def process_group(env: DistEnv, placement: Placement, timeout_s: float) -> Iterator[None]:
     """Join the job's process group; leave it with a barrier then destroy, in ``finally``.
 
-    The barrier runs only after success: measured with torch 2.13 and gloo, destroying the group without it
-    made one rank abort at exit in 1 run of 4. After an error, a barrier would wait for ranks that may be
-    stuck in another collective, so the group is destroyed at once and the launcher stops the others.
+    Measured with torch 2.13 and gloo: destroying the group without the barrier made one rank abort at exit
+    in 1 run of 4. The barrier runs when every rank is known to be at the same point: after success, and
+    after a DdpClusterError, which inside the group is only raised by all ranks together (rank 0 decides how
+    to start and broadcasts it). After any other error a barrier could wait for ranks stuck in another
+    collective, so the group is destroyed at once and the launcher stops the others.
     """
     timeout = timedelta(seconds=timeout_s)
     if env.world_size == 1:  # no rendezvous and no port needed
@@ -148,13 +152,16 @@ def process_group(env: DistEnv, placement: Placement, timeout_s: float) -> Itera
         dist.init_process_group(
             placement.backend, init_method=init, rank=env.rank, world_size=env.world_size, timeout=timeout
         )
-    finished = False
+    in_step = False
     try:
         yield
-        finished = True
+        in_step = True
+    except DdpClusterError:
+        in_step = True
+        raise
     finally:
         try:
-            if finished:
+            if in_step:
                 dist.barrier(device_ids=placement.device_ids if placement.kind == "cuda" else None)
         finally:
             dist.destroy_process_group()
@@ -179,8 +186,7 @@ def make_loader(
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    # float32: HCCL on Atlas training products reduces no float64.
-    tensor = torch.tensor(values, dtype=torch.float32, device=device)
+    tensor = torch.tensor(values, dtype=torch.float32, device=device)  # float32: see loss_sums
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return [float(v) for v in tensor.tolist()]
 
@@ -194,16 +200,40 @@ def run_batch(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, t
     return loss.detach()
 
 
+@dataclass
+class PendingLog:
+    """A step log whose loss is being all-reduced in the background: training does not wait for it."""
+
+    work: Any  # the collective's handle
+    sums: torch.Tensor  # [sum of loss x samples, samples], reduced in place
+    epoch: int
+    step: int
+    batch: int
+
+    def report(self, reporter: Reporter, epochs: int, batches: int) -> None:
+        self.work.wait()
+        loss_sum, count = self.sums.tolist()
+        mean = loss_sum / max(count, 1.0)
+        reporter.progress(self.epoch, epochs, self.batch, batches, mean)
+        reporter.record(
+            {"kind": "step", "epoch": self.epoch, "step": self.step, "loss": mean, "samples": int(count)}
+        )
+
+
 def run_epoch(
     state: TrainState, loader: DataLoader[Any], device: torch.device, config: TrainConfig, reporter: Reporter
 ) -> tuple[float, float, float]:
-    """Train one epoch; returns (mean loss over all ranks, samples over all ranks, this rank's mean loss)."""
+    """Train one epoch; returns (mean loss over all ranks, samples over all ranks, this rank's mean loss).
+
+    Every ``log_every`` steps the losses since the last log are all-reduced asynchronously and reported at
+    the next log point (or the epoch's end), so logging costs no wait on the other ranks.
+    """
     state.model.train()  # type: ignore[no-untyped-call]
     batches = len(loader)
-    epoch_number = state.epoch + 1
     losses: list[torch.Tensor] = []
     sizes: list[int] = []
     logged = 0  # entries of losses/sizes already logged
+    pending: PendingLog | None = None
     for batch, (inputs, targets) in enumerate(loader, start=1):
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
@@ -211,30 +241,29 @@ def run_epoch(
         sizes.append(int(targets.shape[0]))
         state.step += 1
         if config.log_every and state.step % config.log_every == 0:
-            loss_sum, count = _weighted(losses[logged:], sizes[logged:], device)
-            loss_sum, count = all_reduce_sum([loss_sum, count], device)
+            if pending is not None:
+                pending.report(reporter, config.epochs, batches)
+            sums = loss_sums(losses[logged:], sizes[logged:], device)
+            work = dist.all_reduce(sums, op=dist.ReduceOp.SUM, async_op=True)
+            pending = PendingLog(work, sums, state.epoch + 1, state.step, batch)
             logged = len(losses)
-            mean = loss_sum / count
-            reporter.progress(epoch_number, config.epochs, batch, batches, mean)
-            reporter.record(
-                {
-                    "kind": "step",
-                    "epoch": epoch_number,
-                    "step": state.step,
-                    "loss": mean,
-                    "samples": int(count),
-                }
-            )
-    local_sum, local_count = _weighted(losses, sizes, device)
-    total_sum, total_count = all_reduce_sum([local_sum, local_count], device)
+    if pending is not None:
+        pending.report(reporter, config.epochs, batches)
+    sums = loss_sums(losses, sizes, device)
+    local_sum, local_count = sums.tolist()
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    total_sum, total_count = sums.tolist()
     return total_sum / max(total_count, 1.0), total_count, local_sum / max(local_count, 1.0)
 
 
-def _weighted(losses: list[torch.Tensor], sizes: list[int], device: torch.device) -> tuple[float, float]:
+def loss_sums(losses: list[torch.Tensor], sizes: list[int], device: torch.device) -> torch.Tensor:
+    """[sum of loss x batch size, samples] as one float32 tensor on the device, ready to all-reduce.
+
+    float32: HCCL on Atlas training products reduces no float64."""
     if not losses:
-        return 0.0, 0.0
-    weights = torch.tensor(sizes, dtype=losses[0].dtype, device=device)
-    return float((torch.stack(losses) * weights).sum()), float(sum(sizes))
+        return torch.zeros(2, dtype=torch.float32, device=device)
+    weights = torch.tensor(sizes, dtype=torch.float32, device=device)
+    return torch.stack([(torch.stack(losses).float() * weights).sum(), weights.sum()])
 
 
 @torch.no_grad()

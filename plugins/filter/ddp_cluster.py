@@ -1,0 +1,303 @@
+"""Filters over the ``ddp_cluster`` package: NPU device-IP plans, HCCL rank tables, hccn_tool output, port ranges.
+
+The playbooks call the same code as ``ddp-cluster ip-plan check`` and ``ddp-cluster rank-table``. The package is
+imported from ``python/src`` next to this file when it is not installed, so the controller needs no install.
+
+Plans built from the inventory (every host of the group contributes one server)::
+
+    {{ hostvars | ddp_npu_plan_check(groups['nodes'], npu_product, npu_device_netmask) }}   -> violations
+    {{ hostvars | ddp_npu_plan(groups['nodes'], npu_product, npu_device_netmask) }}         -> plan, seeds expanded
+    {{ plan | ddp_rank_table_json(master='ai-server0') }}                                   -> rank table text
+    {{ plan | ddp_hccn_device_settings(inventory_hostname, detect_ips, gateways) }}         -> per-device settings
+
+Per host, the inventory gives ``npu_host_ip`` (default: ``ansible_host``, else the inventory name) and either
+``npu_device_ips`` (one address per device, device 0 first) or ``npu_device_ip_seed`` with
+``npu_device_count`` (default 8), expanded as the vendor manuals lay addresses out (see ``ddp_cluster.ipplan``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+try:
+    from ddp_cluster import ipplan, ranktable
+except ImportError:  # a checkout without the package installed: use the sources next to this plugin
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
+    from ddp_cluster import ipplan, ranktable
+
+HOST_IP_VAR = "npu_host_ip"
+DEVICE_IPS_VAR = "npu_device_ips"
+SEED_VAR = "npu_device_ip_seed"
+COUNT_VAR = "npu_device_count"
+
+
+def _plain(value: Any) -> Any:
+    """Plain Python data (Ansible hands over tagged and lazy containers)."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, str):
+        return str(value)
+    return value
+
+
+def _inventory_violation(host: str | None, message: str) -> dict[str, Any]:
+    return ipplan.Violation(host, None, "inventory", message).as_dict()
+
+
+def _host_var(variables: Mapping[str, Any], name: str) -> Any:
+    if name not in variables:
+        return None
+    value = variables[name]  # HostVarsVars templates on access, in that host's context
+    return None if value is None or value == "" else _plain(value)
+
+
+def _server_from_hostvars(hostvars: Mapping[str, Any], host: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One plan server from a host's inventory variables, and the problems found on the way."""
+    if host not in hostvars:
+        return {}, [_inventory_violation(host, "is not a host of the inventory")]
+    variables = hostvars[host]
+    problems: list[dict[str, Any]] = []
+    try:
+        host_ip = _host_var(variables, HOST_IP_VAR) or _host_var(variables, "ansible_host") or host
+        device_ips = _host_var(variables, DEVICE_IPS_VAR)
+        seed = _host_var(variables, SEED_VAR)
+        count = _host_var(variables, COUNT_VAR)
+    except Exception as exc:  # an undefined variable inside a template, for example
+        return {}, [_inventory_violation(host, f"its npu_* variables cannot be read: {exc}")]
+    server: dict[str, Any] = {"host": host, "host_ip": str(host_ip)}
+    if isinstance(device_ips, str):  # one address: a seed, as the vendors' tools expand it
+        device_ips, seed = None, seed or device_ips
+    if device_ips is not None and seed is not None:
+        problems.append(_inventory_violation(host, f"set {DEVICE_IPS_VAR} or {SEED_VAR}, not both"))
+    elif seed is not None:
+        server["device_ip_seed"] = str(seed)
+        if count is not None:
+            server["device_count"] = count
+    elif device_ips is not None:
+        server["device_ips"] = device_ips
+        if count is not None and isinstance(device_ips, list) and count != len(device_ips):
+            problems.append(
+                _inventory_violation(
+                    host, f"{COUNT_VAR}={count} but {DEVICE_IPS_VAR} lists {len(device_ips)} addresses"
+                )
+            )
+    else:
+        problems.append(
+            _inventory_violation(
+                host,
+                f"no device addresses: set {DEVICE_IPS_VAR} (one address per device, device 0 first) "
+                f"or {SEED_VAR} (with {COUNT_VAR}, default 8) in its host_vars",
+            )
+        )
+    return server, problems
+
+
+def _raw_plan(
+    hostvars: Mapping[str, Any], hosts: Iterable[str], product: Any, netmask: Any
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    servers, problems = [], []
+    for host in _plain(list(hosts)):
+        server, found = _server_from_hostvars(hostvars, host)
+        servers.append(server)
+        problems += found
+    return {"product": _plain(product), "netmask": _plain(netmask), "servers": servers}, problems
+
+
+def npu_plan_check(hostvars: Mapping[str, Any], hosts: Iterable[str], product: Any, netmask: Any) -> list[dict]:
+    """Every problem of the plan the inventory describes (server, device, rule, message, severity); never raises."""
+    plan, problems = _raw_plan(hostvars, hosts, product, netmask)
+    if problems:
+        return problems
+    return ipplan.check_plan_dict(plan)
+
+
+def npu_plan(hostvars: Mapping[str, Any], hosts: Iterable[str], product: Any, netmask: Any) -> dict[str, Any]:
+    """The plan the inventory describes, seeds expanded; an error naming the host or key if it is malformed."""
+    plan, problems = _raw_plan(hostvars, hosts, product, netmask)
+    if problems:
+        raise AnsibleFilterError("; ".join(f"{p['server']}: {p['message']}" for p in problems))
+    try:
+        return ipplan.normalize_plan_dict(plan)
+    except ipplan.PlanError as exc:
+        raise AnsibleFilterError(f"the NPU device-IP plan is malformed: {exc}") from None
+
+
+def ip_plan_check(plan: Any) -> list[dict[str, Any]]:
+    """check_plan for a plan given as data (product, netmask, servers); never raises."""
+    return ipplan.check_plan_dict(_plain(plan))
+
+
+def ip_plan_expand(plan: Any) -> dict[str, Any]:
+    """A plan given as data with every device_ip_seed expanded."""
+    try:
+        return ipplan.normalize_plan_dict(_plain(plan))
+    except ipplan.PlanError as exc:
+        raise AnsibleFilterError(f"the NPU device-IP plan is malformed: {exc}") from None
+
+
+def violation_lines(violations: Iterable[Mapping[str, Any]], severity: str | None = None) -> list[str]:
+    """One readable line per violation: ``error [rule] server S, device D: message``."""
+    lines = []
+    for v in violations:
+        if severity is not None and v.get("severity") != severity:
+            continue
+        lines.append(
+            str(ipplan.Violation(v.get("server"), v.get("device"), v["rule"], v["message"], v.get("severity", "error")))
+        )
+    return lines
+
+
+def violation_report(
+    violations: Iterable[Mapping[str, Any]], severity: str | None = "error", indent: str = "  "
+) -> str:
+    """violation_lines as one text block, each line indented (for an assert's fail_msg)."""
+    return "\n".join(indent + line for line in violation_lines(violations, severity))
+
+
+def rank_table(plan: Any, master: str | None = None) -> dict[str, Any]:
+    """The version 1.0 rank table of a plan (master: host name or host_ip of rank 0's server)."""
+    try:
+        return ranktable.rank_table_dict(_plain(plan), master=_plain(master) or None)
+    except (ipplan.PlanError, ranktable.RankTableError) as exc:
+        raise AnsibleFilterError(f"no rank table: {exc}") from None
+
+
+def rank_table_json(plan: Any, master: str | None = None) -> str:
+    """The rank table as hccl_tools.py writes it (4-space indent, keys in its order, final newline)."""
+    return ranktable.dumps(rank_table(plan, master))
+
+
+def hccn_device_settings(plan: Any, host: str, detect_ips: Any = None, gateways: Any = None) -> list[dict[str, Any]]:
+    """What hccn_tool should set on each device of one host: device, address, netmask, detect, gateway.
+
+    detect_ips: one address per device, or one address for all devices, or empty: then each device probes
+    the device at the same position on the next server of the plan (seed 000: "the IP of device i of the
+    other machine"), which the plan rules put in the same subnet. gateways: the same forms; empty: none set.
+    """
+    plan = _plain(plan)
+    servers = plan["servers"]
+    names = [s.get("host") for s in servers]
+    if host not in names:
+        raise AnsibleFilterError(f"{host} is not a server of the NPU device-IP plan ({', '.join(map(str, names))})")
+    index = names.index(host)
+    device_ips = servers[index]["device_ips"]
+    count = len(device_ips)
+
+    def per_device(value: Any, what: str) -> list[str | None]:
+        value = _plain(value)
+        if value is None or value == "" or value == []:
+            return [None] * count
+        if isinstance(value, str):
+            return [value] * count
+        if not isinstance(value, list) or len(value) != count:
+            raise AnsibleFilterError(
+                f"{host}: {what} must be one address or a list of {count} (one per device), got {value!r}"
+            )
+        return [str(item) for item in value]
+
+    detects = per_device(detect_ips, "the netdetect addresses (npu_device_detect_ips)")
+    gateway_list = per_device(gateways, "the gateways (npu_device_gateways)")
+    settings = []
+    for device, address in enumerate(device_ips):
+        detect = detects[device]
+        if detect is None:
+            peers = [s["device_ips"] for s in servers[index + 1 :] + servers[:index] if len(s["device_ips"]) > device]
+            if not peers:
+                raise AnsibleFilterError(
+                    f"{host}: device {device} has no netdetect address and no other server has a device {device} "
+                    "to probe: set npu_device_detect_ips (one address per device, usually each subnet's gateway)"
+                )
+            detect = peers[0][device]
+        for what, value in (("netdetect address", detect), ("gateway", gateway_list[device])):
+            if value is not None:
+                try:
+                    ipaddress.IPv4Address(value)
+                except ValueError:
+                    raise AnsibleFilterError(f"{host}: device {device}: {what} {value!r} is not an IPv4 address")
+        settings.append(
+            {
+                "device": device,
+                "address": address,
+                "netmask": plan["netmask"],
+                "detect": detect,
+                "gateway": gateway_list[device],
+            }
+        )
+    return settings
+
+
+def hccn_fields(text: Any) -> dict[str, str]:
+    """``key: value`` lines of hccn_tool output as a dict (``ipaddr``, ``netmask``, ``net health status`` ...)."""
+    fields: dict[str, str] = {}
+    for line in str(text or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+_PORT_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def port_ranges(*specs: Any) -> str:
+    """The union of port lists (``"8080,60000-60015"``, a port, a list of either), as the kernel writes it.
+
+    net.ipv4.ip_local_reserved_ports reads back as sorted, merged ranges joined by commas, single ports alone;
+    producing the same text keeps the sysctl task idempotent.
+    """
+    ports: set[int] = set()
+    for spec in specs:
+        items: Sequence[Any] = spec if isinstance(spec, (list, tuple)) else [spec]
+        for item in items:
+            for part in str("" if item is None else item).replace(" ", ",").split(","):
+                if not part.strip():
+                    continue
+                match = _PORT_ITEM.match(part)
+                if not match:
+                    raise AnsibleFilterError(f"{part!r} is not a port or a port range (such as 60000-60015)")
+                low = int(match.group(1))
+                high = int(match.group(2) or low)
+                if not 0 < low <= high <= 65535:
+                    raise AnsibleFilterError(f"{part!r} is not a port range within 1-65535")
+                ports.update(range(low, high + 1))
+    ranges: list[str] = []
+    ordered = sorted(ports)
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        low, high = ordered[start], ordered[end]
+        ranges.append(str(low) if low == high else f"{low}-{high}")
+        start = end + 1
+    return ",".join(ranges)
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "ddp_npu_plan_check": npu_plan_check,
+            "ddp_npu_plan": npu_plan,
+            "ddp_ip_plan_check": ip_plan_check,
+            "ddp_ip_plan_expand": ip_plan_expand,
+            "ddp_ip_plan_lines": violation_lines,
+            "ddp_ip_plan_report": violation_report,
+            "ddp_rank_table": rank_table,
+            "ddp_rank_table_json": rank_table_json,
+            "ddp_hccn_device_settings": hccn_device_settings,
+            "ddp_hccn_fields": hccn_fields,
+            "ddp_port_ranges": port_ranges,
+        }

@@ -1,0 +1,177 @@
+"""train.yml on the local cluster: launchers, user scripts, bad input, a failing rank, a dead node and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, PlaybookResult, docker, node_exec, run_playbook
+
+RUNS = REPO / "runs"
+QUICK = "--dataset digits --epochs 4 --batch-size 32 --lr 0.05"
+USER_SCRIPT = REPO / "tests" / "scripts" / "ddp_script.py"
+
+
+def job_id(name: str) -> str:
+    return f"test-{name}-{uuid.uuid4().hex[:6]}"
+
+
+def train(job: str, **extravars: object) -> PlaybookResult:
+    return run_playbook("train.yml", extravars={"job_id": job, **extravars})
+
+
+def summary(job: str) -> dict[str, object]:
+    return json.loads((RUNS / job / "summary.json").read_text())
+
+
+def assert_results(job: str, world_size: int) -> None:
+    run = RUNS / job
+    result = summary(job)
+    assert result["world_size"] == world_size
+    assert [f"rank.{rank}.log" for rank in range(world_size)] == sorted(p.name for p in (run / "logs").iterdir())
+    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 4
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-00004.ckpt"]
+
+
+def no_job_processes(node: str, job: str) -> bool:
+    return node_exec(node, f"pgrep -af '[/]workspace/jobs/{job}/' || true").stdout.strip() == ""
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_two_nodes_train_digits(local_cluster: PlaybookResult, launcher: str) -> None:
+    job = job_id(launcher)
+    result = train(job, nodes=2, launcher=launcher, script_args=QUICK)
+    assert result.rc == 0, result.stdout[-5000:]
+    assert_results(job, world_size=2)
+    assert summary(job)["accuracy"] >= 0.9
+    assert f"job {job}: succeeded" in result.stdout
+    assert "final loss:" in result.stdout and "samples/s:" in result.stdout
+
+
+def test_two_nodes_two_processes_each(local_cluster: PlaybookResult) -> None:
+    job = job_id("2x2")
+    result = train(job, nodes=2, cluster_nproc_per_node=2, script_args=QUICK)
+    assert result.rc == 0, result.stdout[-5000:]
+    assert_results(job, world_size=4)
+    hostfile = (RUNS / job / "nodes" / "node0" / "hostfile").read_text().splitlines()
+    assert [line for line in hostfile if not line.startswith("#")] == ["node0 slots=2", "node1 slots=2"]
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_user_script_runs_unmodified(local_cluster: PlaybookResult, launcher: str) -> None:
+    job = job_id(f"script-{launcher}")
+    result = train(job, nodes=2, launcher=launcher, script=str(USER_SCRIPT), script_args="--steps 3")
+    assert result.rc == 0, result.stdout[-5000:]
+    logs = "\n".join(p.read_text() for p in (RUNS / job / "nodes").rglob("*") if p.is_file())
+    assert "user-script rank 0/2" in logs and "user-script rank 1/2" in logs
+    assert "identical=True" in logs and "identical=False" not in logs
+
+
+@pytest.mark.parametrize(
+    ("extravars", "message"),
+    [
+        ({}, "nodes is required"),
+        ({"nodes": 0}, "nodes=0 is not a whole number of 1 or more"),
+        ({"nodes": -1}, "nodes=-1 is not a whole number of 1 or more"),
+        ({"nodes": "two"}, "nodes=two is not a whole number of 1 or more"),
+        ({"nodes": 3}, "nodes=3 is more than the 2 nodes of the inventory"),
+        ({"nodes": 2, "launcher": "horovodrun"}, "launcher=horovodrun must be mpirun or torchrun"),
+        ({"nodes": 2, "script": "/nonexistent/train.py"}, "script=/nonexistent/train.py does not exist"),
+        ({"nodes": 2, "job_timeout": "soon"}, "job_timeout=soon must be a whole number"),
+    ],
+    ids=["missing", "zero", "negative", "not-a-number", "too-many", "launcher", "script", "timeout"],
+)
+def test_bad_request_is_refused_before_anything_starts(
+    local_cluster: PlaybookResult, extravars: dict[str, object], message: str
+) -> None:
+    result = run_playbook("train.yml", extravars=extravars)
+    assert result.rc != 0
+    assert message in result.stdout, result.stdout[-3000:]
+    assert "TASK [ddp_job : Start the job" not in result.stdout
+
+
+def test_taken_master_port_is_named(local_cluster: PlaybookResult) -> None:
+    holder = "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',29501)); s.listen(); time.sleep(120)"
+    docker("exec", "-d", "node0", "python3", "-c", holder)
+    try:
+        time.sleep(1)
+        result = train(job_id("port"), nodes=2, script_args=QUICK)
+        assert result.rc != 0
+        assert "node0: the master port 29501 is taken" in result.stdout, result.stdout[-3000:]
+        assert "TASK [ddp_job : Start the job" not in result.stdout
+    finally:
+        node_exec("node0", "pkill -f 'socket.socket' || true")
+
+
+def test_failing_rank_stops_the_job_and_is_named(local_cluster: PlaybookResult) -> None:
+    job = job_id("fail")
+    start = time.monotonic()
+    result = train(job, nodes=2, script=str(USER_SCRIPT), script_args="--steps 500 --fail-rank 1")
+    assert result.rc != 0
+    assert time.monotonic() - start < 120
+    assert f"job {job} failed: a rank exited with an error" in result.stdout, result.stdout[-4000:]
+    assert "node: node1, rank: 1" in result.stdout
+    assert "exit code 3" in result.stdout
+    assert "failing on purpose" in result.stdout  # the last lines of the failed rank's log
+    assert no_job_processes("node0", job) and no_job_processes("node1", job)
+
+
+def test_dead_node_fails_the_job_and_resume_finishes_it(local_cluster: PlaybookResult) -> None:
+    job = job_id("dead")
+    args = "--dataset synthetic --synthetic-samples 60000 --epochs 12 --batch-size 64 --log-every 50"
+    playbook = subprocess.Popen(
+        [
+            str(REPO / ".venv" / "bin" / "ansible-playbook"),
+            "train.yml",
+            "-e",
+            f"job_id={job}",
+            "-e",
+            "nodes=2",
+            "-e",
+            f"script_args='{args}'",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ | {"ANSIBLE_NOCOLOR": "1"},
+        start_new_session=True,
+    )
+    checkpoints = Path(f"/var/lib/ddp-cluster/node0/workspace/jobs/{job}/output/checkpoints")
+    try:
+        deadline = time.monotonic() + 240
+        while not list(checkpoints.glob("epoch-*.ckpt")):
+            assert playbook.poll() is None, "train.yml ended before the first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(1)
+        docker("kill", "node1")
+        killed = time.monotonic()
+        output, _ = playbook.communicate(timeout=120)
+        took = time.monotonic() - killed
+    finally:
+        if playbook.poll() is None:
+            os.killpg(playbook.pid, signal.SIGTERM)
+    assert playbook.returncode != 0
+    assert took < 60, f"train.yml took {took:.0f} s to fail after node1 died"
+    assert f"job {job} failed: node node1 stopped answering ssh" in output, output[-4000:]
+    assert no_job_processes("node0", job)
+    fetched = sorted((RUNS / job / "checkpoints").glob("epoch-*.ckpt"))
+    assert fetched, "the failed job's latest checkpoint did not come back"
+
+    back = run_playbook("site.yml")
+    assert back.rc == 0, back.stdout[-4000:]
+    resumed_job = job_id("resumed")
+    result = train(resumed_job, nodes=2, resume=True, resume_from=job, script_args=args)
+    assert result.rc == 0, result.stdout[-5000:]
+    assert f"resuming from {fetched[-1]}" in result.stdout or f"resumed from {fetched[-1]}" in result.stdout
+    done = summary(resumed_job)
+    assert done["epochs"] == 12
+    assert done["resumed_from"] is not None
