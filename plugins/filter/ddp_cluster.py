@@ -249,6 +249,103 @@ def hccn_fields(text: Any) -> dict[str, str]:
     return fields
 
 
+# Seed 002, table 2: the net_health status codes and their names.
+NET_HEALTH_NAMES = {
+    0: "Success",
+    1: "Socket fail",
+    2: "Receive timeout",
+    3: "Unreachable",
+    4: "Time exceeded",
+    5: "Fault",
+    6: "Init",
+    7: "Thread error",
+    8: "Detect ip set",
+}
+
+
+def net_health_name(text: Any) -> str:
+    """The status of ``-net_health -g`` output by name; a bare code (some tool versions print one) is mapped."""
+    fields = hccn_fields(text)
+    status = fields.get("net health status", str(text or "").strip())
+    if status.isdigit():
+        return NET_HEALTH_NAMES.get(int(status), "Unknown")
+    return status or "no answer"
+
+
+_SETTING_ORDER = ("ip", "netdetect", "gateway")
+
+
+def _reading(readings: Mapping[str, Any], device: int, query: str) -> str:
+    entry = readings.get(str(device), {}).get(query) or {}
+    return str(entry.get("stdout") or "")
+
+
+def hccn_changes(settings: Any, readings: Any) -> list[dict[str, Any]]:
+    """The hccn_tool ``-s`` calls that bring each device to its settings, only where the device differs.
+
+    settings: ddp_hccn_device_settings; readings: the ``devices`` result of the role's ddp_hccn_query module
+    (device id -> query -> stdout). Addresses are set before detection and gateway, which rely on them.
+    """
+    settings, readings = _plain(settings), _plain(readings) or {}
+    changes: list[dict[str, Any]] = []
+
+    def change(device: int, setting: str, current: str | None, wanted: str, args: list[str]) -> None:
+        changes.append(
+            {"device": device, "setting": setting, "current": current or "unset", "wanted": wanted, "args": args}
+        )
+
+    for wanted in settings:
+        device = wanted["device"]
+        ip = hccn_fields(_reading(readings, device, "-ip"))
+        if ip.get("ipaddr") != wanted["address"] or ip.get("netmask") != wanted["netmask"]:
+            current = f"{ip.get('ipaddr', '')} {ip.get('netmask', '')}".strip()
+            change(
+                device,
+                "ip",
+                current,
+                f"{wanted['address']} {wanted['netmask']}",
+                ["-ip", "-s", "address", wanted["address"], "netmask", wanted["netmask"]],
+            )
+        detect = hccn_fields(_reading(readings, device, "-netdetect")).get("netdetect address")
+        if wanted.get("detect") and detect != wanted["detect"]:
+            change(device, "netdetect", detect, wanted["detect"], ["-netdetect", "-s", "address", wanted["detect"]])
+        if wanted.get("gateway"):
+            fields = hccn_fields(_reading(readings, device, "-gateway"))
+            gateway = fields.get("default gateway", "").split(",")[0].strip()
+            if gateway != wanted["gateway"]:
+                change(device, "gateway", gateway, wanted["gateway"], ["-gateway", "-s", "gateway", wanted["gateway"]])
+    return sorted(changes, key=lambda item: (_SETTING_ORDER.index(item["setting"]), item["device"]))
+
+
+def hccn_change_line(change: Mapping[str, Any]) -> str:
+    """``device 1 ip: 192.168.1.50 255.255.0.0 -> 192.168.101.101 255.255.255.0``"""
+    return f"device {change['device']} {change['setting']}: {change['current']} -> {change['wanted']}"
+
+
+def hccn_problems(settings: Any, readings: Any, check_lldp: bool = True) -> list[str]:
+    """Why each device is not ready, one line per device with a problem: address, net_health, link, LLDP."""
+    settings, readings = _plain(settings), _plain(readings) or {}
+    problems = []
+    for wanted in settings:
+        device = wanted["device"]
+        reasons = []
+        ip = hccn_fields(_reading(readings, device, "-ip"))
+        if ip.get("ipaddr") != wanted["address"] or ip.get("netmask") != wanted["netmask"]:
+            found = f"{ip.get('ipaddr', '')} {ip.get('netmask', '')}".strip() or "none"
+            reasons.append(f"address is {found}, planned {wanted['address']} {wanted['netmask']}")
+        health = net_health_name(_reading(readings, device, "-net_health"))
+        if health != "Success":
+            reasons.append(f"net health {health} (netdetect address {wanted.get('detect')})")
+        link = hccn_fields(_reading(readings, device, "-link")).get("link status", "").upper()
+        if link != "UP":
+            reasons.append(f"link {link or 'unknown'}")
+        if check_lldp and not _reading(readings, device, "-lldp").strip():
+            reasons.append("no LLDP neighbour (-lldp -g is empty: check the switch port)")
+        if reasons:
+            problems.append(f"device {device}: " + "; ".join(reasons))
+    return problems
+
+
 _PORT_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 
 
@@ -299,5 +396,9 @@ class FilterModule:
             "ddp_rank_table_json": rank_table_json,
             "ddp_hccn_device_settings": hccn_device_settings,
             "ddp_hccn_fields": hccn_fields,
+            "ddp_hccn_changes": hccn_changes,
+            "ddp_hccn_change_line": hccn_change_line,
+            "ddp_hccn_problems": hccn_problems,
+            "ddp_net_health_name": net_health_name,
             "ddp_port_ranges": port_ranges,
         }

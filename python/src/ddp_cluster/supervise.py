@@ -167,6 +167,18 @@ class Supervisor:
                 if returncode is not None:
                     if returncode != 0:
                         failure = self.failure_from_log(returncode)
+                        # A dead node makes its peers' collectives fail first: name the cause.
+                        lost = [
+                            node
+                            for node, alive in zip(others, pool.map(self.reachable, others), strict=True)
+                            if not alive
+                        ]
+                        if lost:
+                            failure = Failure(
+                                f"node {lost[0]} stopped answering ssh (its container or server is down); "
+                                f"then {failure.reason} on {failure.node or 'a node'}",
+                                node=lost[0],
+                            )
                     break
                 if self._stop.is_set():
                     failure = Failure("the job was stopped (the supervisor received a signal)")

@@ -402,16 +402,16 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
         f"global batch {config.batch_size * env.world_size}"
     )
     last_record, checkpoint = resumed.last_epoch_record, resumed.path
-    samples_trained, busy_seconds, eval_seconds = 0.0, 0.0, 0.0
+    samples_trained, busy_seconds, busy_cpu_seconds, eval_seconds = 0.0, 0.0, 0.0, 0.0
     loop_start = time.perf_counter()
     try:
         for epoch in range(state.epoch, config.epochs):
             sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             loss, samples, local_loss = run_epoch(state, loader, device, config, reporter)
-            trained = time.perf_counter()
+            trained, trained_cpu = time.perf_counter(), time.process_time()
             test_loss, accuracy = evaluate(state.model.module, data.test, env, device)
-            evaluated = time.perf_counter()
+            evaluated, evaluated_cpu = time.perf_counter(), time.process_time()
             state.epoch = epoch + 1
             last_record = {
                 "kind": "epoch",
@@ -437,7 +437,9 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
             reporter.line(f"epoch {state.epoch} done: {len(loader)} batches, local loss {local_loss:.4f}")
             samples_trained += samples
             eval_seconds += evaluated - trained
-            busy_seconds += time.perf_counter() - start - (evaluated - trained)  # training, checkpoint, logs
+            # busy: training, checkpoint and logs, not evaluation
+            busy_seconds += time.perf_counter() - start - (evaluated - trained)
+            busy_cpu_seconds += time.process_time() - start_cpu - (evaluated_cpu - trained_cpu)
         seconds = time.perf_counter() - loop_start
         digest = params_digest(state.model.module)
         reporter.line(f"done: epoch {state.epoch}, step {state.step}, params sha256 {digest}")
@@ -456,6 +458,7 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
             "samples_per_s": samples_trained / busy_seconds if busy_seconds > 0 else None,
             "seconds": seconds,
             "train_seconds": busy_seconds,
+            "train_cpu_seconds": busy_cpu_seconds,  # of this process (rank 0): immune to other load
             "eval_seconds": eval_seconds,
             "device": placement.kind,
             "backend": placement.backend,
