@@ -39,7 +39,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 docker:
 	@scripts/ensure-docker.sh
-	@command -v debootstrap >/dev/null || { echo "installing debootstrap"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
+	@command -v debootstrap >/dev/null || { echo "installing debootstrap"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
 
 base-image: docker
 	@scripts/build-base-image.sh $(BASE_IMAGE)

@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
-"""Throughput of ``python -m ddp_cluster.train`` against a minimal hand-written DDP loop.
+"""Throughput of ``ddp_cluster.train`` against a minimal hand-written DDP loop.
 
 Both train the same model (``ddp_cluster.models.build_model``) on the same seeded synthetic
 data with the same per-process batch, optimizer and data pipeline (DistributedSampler, one
-tensor index per batch), on gloo/cpu, for 1 and 2 processes started as torchrun starts them.
-The runs are interleaved, and the order of the two flips every repeat, so that drifts of the
-machine hit both alike. The table gives the median samples/s of each and their ratio: what
-ddp_cluster adds to a bare loop (the loss all-reduced and logged every ``--log-every`` steps,
-metrics.jsonl, one fsync'd checkpoint per epoch, per-rank lines). Evaluation is outside both
-measurements (ddp_cluster times it apart, as ``eval_seconds``).
+tensor index per batch), on gloo/cpu, for 1 and 2 processes started with torchrun's
+variables. Inside the same worker processes the two alternate, run after run (the order
+flips every round; a first round warms both up and is not counted), so that the noise of a
+shared machine falls on both alike. ddp_cluster runs as a whole: ``ddp_cluster.train.main``
+with its command line, process group, checkpoints, metrics.jsonl and summary.json, whose
+``samples_per_s`` is the figure; the hand-written loop times the same phase (training, not
+evaluation, which ddp_cluster reports apart as ``eval_seconds``).
 
-    python bench/bench_train.py                 # 5 repeats, 1 and 2 processes
-    python bench/bench_train.py --repeats 3 --nprocs 2 --synthetic-samples 16384
+The ratio measures what ddp_cluster adds to a bare loop: the loss all-reduced and logged every
+``--log-every`` steps, metrics.jsonl, one fsync'd checkpoint per epoch, per-rank lines.
+
+    python bench/bench_train.py                 # 7 rounds, 1 and 2 processes
+    python bench/bench_train.py --rounds 3 --nprocs 2 --synthetic-samples 16384
 
 Not a test: it prints figures. One thread per process (OMP_NUM_THREADS=1).
 """
@@ -32,10 +36,13 @@ from typing import Any
 
 THREADS = "1"
 IMPLEMENTATIONS = ("hand-written", "ddp_cluster")
+RESULT = "BENCH_RESULT "  # prefix of the lines a worker reports on
 
 
-def hand_written_worker(args: argparse.Namespace) -> None:
-    """The reference: the PyTorch DDP tutorial's loop, and nothing more."""
+def hand_written_loop(args: argparse.Namespace) -> tuple[float, float]:
+    """The reference: the PyTorch DDP tutorial's loop, and nothing more.
+
+    Returns (samples per second of wall time, per second of this process's CPU time)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -66,12 +73,10 @@ def hand_written_worker(args: argparse.Namespace) -> None:
             optimizer.step()
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - start_cpu
-    if rank == 0:
-        samples = len(sampler) * world * args.epochs
-        result = {"samples_per_s": samples / seconds, "per_cpu_s": samples / cpu_seconds}
-        print(json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    samples = len(sampler) * world * args.epochs
+    return samples / seconds, samples / cpu_seconds
 
 
 def same_data_and_model(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -91,16 +96,66 @@ def same_data_and_model(args: argparse.Namespace) -> tuple[Any, Any]:
     return data, build_model(data)
 
 
-def free_port() -> int:
+def ddp_cluster_run(args: argparse.Namespace, out: Path) -> tuple[float, float] | None:
+    """One whole ``python -m ddp_cluster.train`` run, in this process; rank 0's figures."""
+    from ddp_cluster.train import main as train_main
+
+    flags = ["--dataset", "synthetic", "--output-dir", str(out)]
+    flags += ["--log-every", str(args.log_every), *common_flags(args)]
+    if train_main(flags) != 0:
+        raise RuntimeError(f"ddp_cluster.train {' '.join(flags)} failed")
+    if os.environ["RANK"] != "0":
+        return None
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["samples_per_s"], summary["samples"] / summary["train_cpu_seconds"]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: alternate the two implementations for ``rounds + 1`` rounds."""
+    base_port = int(os.environ["MASTER_PORT"])
+    for round_number in range(args.rounds + 1):
+        order = IMPLEMENTATIONS if round_number % 2 == 0 else IMPLEMENTATIONS[::-1]
+        for impl in order:
+            # a fresh rendezvous port per run: the last run's may linger in TIME_WAIT
+            offset = 2 * round_number + IMPLEMENTATIONS.index(impl)
+            os.environ["MASTER_PORT"] = str(base_port + offset)
+            if impl == "ddp_cluster":
+                world = os.environ["WORLD_SIZE"]
+                out = Path(args.scratch) / f"world{world}-round{round_number}"
+                figures = ddp_cluster_run(args, out)
+            else:
+                figures = hand_written_loop(args)
+            if os.environ["RANK"] == "0" and round_number > 0:
+                report = {"impl": impl, "round": round_number, "figures": figures}
+                print(RESULT + json.dumps(report), flush=True)
+
+
+def free_port_block(size: int) -> int:
+    """A first port such that ``size`` consecutive ports are free now."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base: int = sock.getsockname()[1]
+        if base + size < 65536 and all(_bindable(base + i) for i in range(size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports found")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
-def launch(command: list[str], nproc: int, timeout: float) -> list[str]:
-    """Start ``nproc`` ranks of ``command`` with torchrun's variables; their stdout."""
-    port = free_port()
+def launch_workers(args: argparse.Namespace, nproc: int, scratch: str) -> list[str]:
+    """Start ``nproc`` ranks of this script's worker with torchrun's variables."""
+    port = free_port_block(2 * args.rounds + 2)
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    command += ["--scratch", scratch, "--rounds", str(args.rounds), "--log-every"]
+    command += [str(args.log_every), *common_flags(args)]
     procs = []
     for rank in range(nproc):
         env = dict(os.environ)
@@ -119,10 +174,10 @@ def launch(command: list[str], nproc: int, timeout: float) -> list[str]:
     outputs = []
     try:
         for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(timeout=args.timeout)
             if proc.returncode != 0:
                 what = f"{' '.join(command)} failed (rc {proc.returncode})"
-                raise RuntimeError(f"{what}:\n{err[-2000:]}")
+                raise RuntimeError(f"{what}:\n{err[-3000:]}")
             outputs.append(out)
     finally:
         for proc in procs:
@@ -140,29 +195,10 @@ def common_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
-Figures = tuple[float, float]  # samples per second of wall time, per second of rank 0's CPU time
-
-
-def measure_ddp_cluster(args: argparse.Namespace, nproc: int, scratch: Path) -> Figures:
-    out = Path(tempfile.mkdtemp(dir=scratch))
-    command = [sys.executable, "-m", "ddp_cluster.train", "--dataset", "synthetic"]
-    command += ["--output-dir", str(out), "--log-every", str(args.log_every)]
-    launch([*command, *common_flags(args)], nproc, args.timeout)
-    summary = json.loads((out / "summary.json").read_text())
-    return summary["samples_per_s"], summary["samples"] / summary["train_cpu_seconds"]
-
-
-def measure_hand_written(args: argparse.Namespace, nproc: int) -> Figures:
-    command = [sys.executable, str(Path(__file__).resolve()), "--hand-written-worker"]
-    outputs = launch([*command, *common_flags(args)], nproc, args.timeout)
-    result = json.loads(outputs[0].strip().splitlines()[-1])
-    return result["samples_per_s"], result["per_cpu_s"]
-
-
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     add = parser.add_argument
-    add("--repeats", type=int, default=5)
+    add("--rounds", type=int, default=7, help="counted runs of each (default 7)")
     add("--nprocs", default="1,2", help="comma-separated process counts (default 1,2)")
     add("--synthetic-samples", type=int, default=65536, help="training samples")
     add("--synthetic-features", type=int, default=32, help="input size")
@@ -171,26 +207,38 @@ def parse_args() -> argparse.Namespace:
     add("--lr", type=float, default=0.05)
     add("--seed", type=int, default=0)
     add("--log-every", type=int, default=10, help="ddp_cluster.train's --log-every")
-    add("--timeout", type=float, default=300, help="seconds per run")
+    add("--timeout", type=float, default=1800, help="seconds for all rounds")
     add("--json", type=Path, help="also write the raw figures here")
-    add("--hand-written-worker", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args()
+    add("--worker", action="store_true", help=argparse.SUPPRESS)
+    add("--scratch", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
 
-Results = dict[str, dict[int, list[Figures]]]  # implementation -> processes -> runs
+Figures = tuple[float, float]  # samples per second of wall time, per CPU second
+Results = dict[int, dict[str, list[Figures]]]  # processes -> implementation -> rounds
 
 
-def report(args: argparse.Namespace, results: Results) -> None:
+def collect(outputs: list[str]) -> dict[str, list[Figures]]:
+    runs: dict[str, list[Figures]] = {name: [] for name in IMPLEMENTATIONS}
+    for line in outputs[0].splitlines():
+        if line.startswith(RESULT):
+            report = json.loads(line[len(RESULT) :])
+            wall, cpu = report["figures"]
+            runs[report["impl"]].append((wall, cpu))
+    return runs
+
+
+def print_table(args: argparse.Namespace, results: Results) -> None:
     print(
         f"\nsynthetic {args.synthetic_samples} samples x {args.synthetic_features} "
         f"features, MLP, batch {args.batch_size}/process, {args.epochs} epochs, "
-        f"gloo on cpu, {THREADS} thread/process, median of {args.repeats} runs\n"
+        f"gloo on cpu, {THREADS} thread/process, median of {args.rounds} rounds\n"
     )
     header = ("processes", "hand-written", "ddp_cluster", "ratio", "paired", "cpu ratio")
     print("{:>9}  {:>14}  {:>14}  {:>6}  {:>17}  {:>9}".format(*header))
     table: list[dict[str, Any]] = []
-    for nproc, hand_runs in results["hand-written"].items():
-        our_runs = results["ddp_cluster"][nproc]
+    for nproc, runs in results.items():
+        hand_runs, our_runs = runs["hand-written"], runs["ddp_cluster"]
         hand, ours = [w for w, _ in hand_runs], [w for w, _ in our_runs]
         ratio = statistics.median(ours) / statistics.median(hand)
         paired = [o / h for o, h in zip(ours, hand, strict=True)]
@@ -206,9 +254,8 @@ def report(args: argparse.Namespace, results: Results) -> None:
         table.append(row | {"ratio": ratio, "paired": paired, "cpu_ratio": cpu_ratio})
     print(
         "\nratio: median ddp_cluster / median hand-written samples/s (target >= 0.97)"
-        "\npaired: median (range) of the ratio within each repeat (back to back runs)"
-        "\ncpu ratio: the same from samples per CPU second of rank 0, which other load"
-        "\n  on the machine hardly moves (waits for the other rank cost no CPU time)"
+        "\npaired: median (range) of the ratio within each round (back to back runs)"
+        "\ncpu ratio: the same from samples per CPU second of rank 0"
     )
     if args.json:
         raw = {"args": vars(args) | {"json": str(args.json)}, "results": table}
@@ -217,26 +264,17 @@ def report(args: argparse.Namespace, results: Results) -> None:
 
 def main() -> int:
     args = parse_args()
-    if args.hand_written_worker:
-        hand_written_worker(args)
+    if args.worker:
+        worker(args)
         return 0
-    nprocs = [int(n) for n in args.nprocs.split(",")]
-    results: Results = {name: {} for name in IMPLEMENTATIONS}
+    results: Results = {}
     with tempfile.TemporaryDirectory(prefix="bench_train-") as scratch:
-        for repeat in range(args.repeats):
-            for nproc in nprocs:
-                flip = repeat % 2 == 1
-                for impl in reversed(IMPLEMENTATIONS) if flip else IMPLEMENTATIONS:
-                    if impl == "ddp_cluster":
-                        figures = measure_ddp_cluster(args, nproc, Path(scratch))
-                    else:
-                        figures = measure_hand_written(args, nproc)
-                    results[impl].setdefault(nproc, []).append(figures)
-                    where = f"repeat {repeat + 1}/{args.repeats} nproc {nproc}"
-                    wall, cpu = f"{figures[0]:10.0f}", f"{figures[1]:10.0f}"
-                    line = f"{where} {impl:<12} {wall} samples/s, {cpu} per CPU s"
-                    print(line, file=sys.stderr, flush=True)
-    report(args, results)
+        for nproc in [int(n) for n in args.nprocs.split(",")]:
+            started = time.perf_counter()
+            results[nproc] = collect(launch_workers(args, nproc, scratch))
+            took = time.perf_counter() - started
+            print(f"{nproc} process(es): {took:.0f} s", file=sys.stderr, flush=True)
+    print_table(args, results)
     return 0
 
 

@@ -226,7 +226,9 @@ def hccn_device_settings(plan: Any, host: str, detect_ips: Any = None, gateways:
                 try:
                     ipaddress.IPv4Address(value)
                 except ValueError:
-                    raise AnsibleFilterError(f"{host}: device {device}: {what} {value!r} is not an IPv4 address")
+                    raise AnsibleFilterError(
+                        f"{host}: device {device}: {what} {value!r} is not an IPv4 address"
+                    ) from None
         settings.append(
             {
                 "device": device,

@@ -8,8 +8,16 @@ inventory = os.environ["MOLECULE_INVENTORY_FILE"]
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_hosts("all")
 
 CASES = {
-    "missing-driver", "driver-not-loaded", "no-npu-smi", "fewer-chips-than-planned", "preflight-bad-plan",
-    "hccn-bad-plan", "six-devices-on-atlas-training", "planned-device-missing", "set-refused", "unhealthy-devices",
+    "missing-driver",
+    "driver-not-loaded",
+    "no-npu-smi",
+    "fewer-chips-than-planned",
+    "preflight-bad-plan",
+    "hccn-bad-plan",
+    "six-devices-on-atlas-training",
+    "planned-device-missing",
+    "set-refused",
+    "unhealthy-devices",
 }
 
 

@@ -2,9 +2,10 @@
 
     python -m ddp_cluster.supervise --job-dir DIR --nodes node0,node1 --nproc-per-node P --timeout S
 
-The launcher's command line is read from ``DIR/launch.json`` (a JSON list), not from the supervisor's own
-arguments: every rank's command line holds ``DIR/`` (its output dir or script), which is how ranks are found
-and stopped, and the supervisor's must not.
+The launch is read from ``DIR/launch.json``: ``{"argv": [...], "files": {"hostfile": "..."}}``, the launcher's
+command line and the files it reads (written into DIR first). The command line is not the supervisor's own:
+every rank's command line holds ``DIR/`` (its output dir or script), which is how ranks are found and stopped,
+and the supervisor's must not.
 
 train.yml starts it detached inside the first node's container. It writes ``DIR/status.json`` (atomically)
 as the job goes: ``running`` with the latest progress, then ``succeeded`` or ``failed`` with the reason, the
@@ -148,10 +149,12 @@ class Supervisor:
         return Failure(f"the launcher exited with status {returncode}", exit_code=returncode)
 
     def launcher_is_torchrun(self) -> bool:
-        return any(Path(part).name == "torchrun" for part in self.launcher)
+        agent = "ddp_cluster.torchrun_agent"
+        return agent in self.launcher or any(Path(part).name == "torchrun" for part in self.launcher)
 
     def run(self) -> int:
-        self.job_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (self.job_dir, self.job_dir / "output", self.job_dir / "logs"):
+            folder.mkdir(parents=True, exist_ok=True)
         self.write_status(state="running", pid=os.getpid(), nodes=self.nodes, launcher=self.launcher)
         with open(self.job_dir / LAUNCHER_LOG, "ab") as log:
             process = subprocess.Popen(
@@ -204,7 +207,7 @@ class Supervisor:
                 return 0
             self.stop_everything(process, pool)
             leftover = self.leftover(pool)
-            log_node = failure.node if failure.node in self.nodes else self.me
+            log_node = failure.node if failure.node in self.nodes and failure.rank is not None else self.me
             # mpirun names log files after its own ranks: with torchrun those are the nodes' agents.
             if self.launcher_is_torchrun():
                 log_rank = self.nodes.index(log_node)
@@ -314,11 +317,20 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"--timeout={args.timeout} must be positive")
     launch_file = args.job_dir / "launch.json"
     try:
-        launcher = json.loads(launch_file.read_text())
+        launch = json.loads(launch_file.read_text())
     except (OSError, ValueError) as error:
-        parser.error(f"cannot read the launcher command from {launch_file}: {error}")
+        parser.error(f"cannot read the launch from {launch_file}: {error}")
+    launcher = launch.get("argv") if isinstance(launch, dict) else None
+    files = launch.get("files", {}) if isinstance(launch, dict) else None
     if not (isinstance(launcher, list) and launcher and all(isinstance(part, str) for part in launcher)):
-        parser.error(f"{launch_file} must hold a non-empty JSON list of strings")
+        parser.error(f"{launch_file}: 'argv' must be a non-empty list of strings")
+    if not (
+        isinstance(files, dict)
+        and all(isinstance(text, str) and "/" not in name for name, text in files.items())
+    ):
+        parser.error(f"{launch_file}: 'files' must map plain file names to their text")
+    for name, text in files.items():
+        (args.job_dir / name).write_text(text)
     return args, launcher
 
 

@@ -53,9 +53,9 @@ health_seconds:
   returned: always
 """
 
-import time
+import time  # noqa: E402  (Ansible modules put DOCUMENTATION first)
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 
 def healthy(output: str) -> bool:

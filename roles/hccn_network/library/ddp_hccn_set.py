@@ -29,7 +29,7 @@ applied:
   returned: always
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402  (Ansible modules put DOCUMENTATION first)
 
 
 def main() -> None:
@@ -54,7 +54,7 @@ def main() -> None:
         module.fail_json(msg=f"{tool}: not found on PATH (give its full path)", applied=[])
     applied = []
     for argv in calls:
-        rc, out, err = module.run_command([resolved] + argv[1:])
+        rc, out, err = module.run_command([resolved, *argv[1:]])
         if rc != 0:
             module.fail_json(
                 msg=f"device {argv[2]}: `{' '.join(argv)}` failed (rc {rc}): {(err or out).strip()}",

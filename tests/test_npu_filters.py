@@ -1,0 +1,162 @@
+"""The filters the Ascend roles and the npu preflight call (plugins/filter/ddp_cluster.py); no containers needed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("ddp_cluster_filters", REPO / "plugins" / "filter" / "ddp_cluster.py")
+assert _spec is not None and _spec.loader is not None
+filters = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(filters)
+
+SERVER0 = [f"192.168.{100 + d % 4}.{101 - d // 4}" for d in range(8)]  # seed 000, AI Server0
+SERVER1 = [f"192.168.{100 + d % 4}.{111 - d // 4}" for d in range(8)]  # seed 000, AI Server1
+HOSTVARS: dict[str, dict[str, Any]] = {
+    "ai-server0": {"ansible_host": "10.10.0.10", "npu_device_ips": SERVER0},
+    "ai-server1": {"ansible_host": "10.10.0.11", "npu_device_ip_seed": "192.168.100.111"},
+}
+
+
+def plan() -> dict[str, Any]:
+    return filters.npu_plan(HOSTVARS, ["ai-server0", "ai-server1"], "atlas-training", "255.255.255.0")
+
+
+def test_inventory_plan_expands_seeds_and_takes_ansible_host() -> None:
+    assert plan()["servers"] == [
+        {"host": "ai-server0", "host_ip": "10.10.0.10", "device_ips": SERVER0},
+        {"host": "ai-server1", "host_ip": "10.10.0.11", "device_ips": SERVER1},
+    ]
+
+
+def test_inventory_plan_check_names_the_host_and_variable() -> None:
+    hostvars = {**HOSTVARS, "ai-server1": {"ansible_host": "10.10.0.11"}}
+    [violation] = filters.npu_plan_check(hostvars, ["ai-server0", "ai-server1"], "atlas-training", "255.255.255.0")
+    assert violation["server"] == "ai-server1"
+    assert violation["rule"] == "inventory"
+    assert "npu_device_ips" in violation["message"] and "npu_device_ip_seed" in violation["message"]
+    with pytest.raises(AnsibleFilterError, match="ai-server1: no device addresses"):
+        filters.npu_plan(hostvars, ["ai-server0", "ai-server1"], "atlas-training", "255.255.255.0")
+
+
+def test_inventory_plan_check_reports_every_rule_broken() -> None:
+    ips = list(SERVER0)
+    ips[5] = "192.168.104.100"
+    hostvars = {**HOSTVARS, "ai-server0": {"ansible_host": "10.10.0.10", "npu_device_ips": ips}}
+    violations = filters.npu_plan_check(hostvars, ["ai-server0", "ai-server1"], "atlas-training", "255.255.255.0")
+    assert {(v["server"], v["device"], v["rule"]) for v in violations} == {
+        ("ai-server0", 5, "pair-subnet"),
+        ("ai-server0", 5, "position-subnet"),
+    }
+    report = filters.violation_report(violations)
+    assert report.splitlines()[0].startswith("  error [pair-subnet] server ai-server0, device 5: 192.168.104.100")
+
+
+def test_detect_defaults_to_the_same_device_of_the_next_server() -> None:
+    settings = filters.hccn_device_settings(plan(), "ai-server0")
+    assert [s["detect"] for s in settings] == SERVER1
+    assert [s["address"] for s in settings] == SERVER0
+    assert {s["netmask"] for s in settings} == {"255.255.255.0"}
+    assert {s["gateway"] for s in settings} == {None}
+
+
+def test_detect_and_gateway_take_one_address_or_one_per_device() -> None:
+    settings = filters.hccn_device_settings(plan(), "ai-server1", "192.168.100.1", [f"10.0.0.{d}" for d in range(8)])
+    assert {s["detect"] for s in settings} == {"192.168.100.1"}
+    assert [s["gateway"] for s in settings] == [f"10.0.0.{d}" for d in range(8)]
+    with pytest.raises(AnsibleFilterError, match="list of 8"):
+        filters.hccn_device_settings(plan(), "ai-server1", ["192.168.100.1"])
+    with pytest.raises(AnsibleFilterError, match="not an IPv4 address"):
+        filters.hccn_device_settings(plan(), "ai-server1", "gateway")
+
+
+def test_a_lone_server_needs_detect_addresses() -> None:
+    alone = filters.npu_plan(HOSTVARS, ["ai-server0"], "atlas-training", "255.255.255.0")
+    with pytest.raises(AnsibleFilterError, match="npu_device_detect_ips"):
+        filters.hccn_device_settings(alone, "ai-server0")
+
+
+def readings(**per_device: dict[str, str]) -> dict[str, dict[str, dict[str, str]]]:
+    return {
+        device: {query: {"stdout": out} for query, out in queries.items()} for device, queries in per_device.items()
+    }
+
+
+def test_changes_only_where_the_device_differs_addresses_first() -> None:
+    settings = filters.hccn_device_settings(plan(), "ai-server0")[:2]
+    found = readings(
+        **{
+            "0": {
+                "-ip": f"ipaddr:{SERVER0[0]}\nnetmask:255.255.255.0\n",
+                "-netdetect": f"netdetect address: {SERVER1[0]}\n",
+            },
+            "1": {"-ip": "ipaddr:192.168.1.50\nnetmask:255.255.0.0\n", "-netdetect": ""},
+        }
+    )
+    changes = filters.hccn_changes(settings, found)
+    assert [(c["device"], c["setting"]) for c in changes] == [(1, "ip"), (1, "netdetect")]
+    assert changes[0]["args"] == ["-ip", "-s", "address", SERVER0[1], "netmask", "255.255.255.0"]
+    assert changes[0]["current"] == "192.168.1.50 255.255.0.0"
+    assert filters.hccn_change_line(changes[1]) == f"device 1 netdetect: unset -> {SERVER1[1]}"
+
+
+def test_problems_name_each_device_and_status() -> None:
+    settings = filters.hccn_device_settings(plan(), "ai-server0")[:3]
+    healthy = {"-link": "link status: UP\n", "-lldp": "Chassis ID TLV\n"}
+    found = readings(
+        **{
+            "0": {
+                "-ip": f"ipaddr:{SERVER0[0]}\nnetmask:255.255.255.0",
+                "-net_health": "net health status: Success",
+                **healthy,
+            },
+            "1": {
+                "-ip": f"ipaddr:{SERVER0[1]}\nnetmask:255.255.255.0",
+                "-net_health": "net health status: 2",
+                **healthy,
+            },
+            "2": {"-ip": "", "-net_health": "net health status: Fault", "-link": "link status: DOWN", "-lldp": ""},
+        }
+    )
+    assert filters.hccn_problems(settings, found) == [
+        f"device 1: net health Receive timeout (netdetect address {SERVER1[1]})",
+        f"device 2: address is none, planned {SERVER0[2]} 255.255.255.0; net health Fault (netdetect address "
+        f"{SERVER1[2]}); link DOWN; no LLDP neighbour (-lldp -g is empty: check the switch port)",
+    ]
+    assert filters.hccn_problems(settings[2:], found, check_lldp=False)[0].endswith("link DOWN")
+
+
+@pytest.mark.parametrize(
+    ("specs", "expected"),
+    [
+        (["", "60000-60015"], "60000-60015"),
+        (["22222", "60000-60015"], "22222,60000-60015"),
+        (["60000-60015", "60000-60015"], "60000-60015"),
+        (["59990-60005,60020", "60000-60015"], "59990-60015,60020"),
+        (["60016", "60000-60015"], "60000-60016"),
+        ([["8080", "8081"], "9000"], "8080-8081,9000"),
+    ],
+)
+def test_port_ranges_merge_as_the_kernel_writes_them(specs: list[Any], expected: str) -> None:
+    assert filters.port_ranges(*specs) == expected
+
+
+def test_port_ranges_reject_nonsense() -> None:
+    with pytest.raises(AnsibleFilterError):
+        filters.port_ranges("60015-60000")
+    with pytest.raises(AnsibleFilterError):
+        filters.port_ranges("http")
+
+
+def test_rank_table_json_keeps_the_vendor_key_order() -> None:
+    text = filters.rank_table_json(plan(), "ai-server1")
+    table = json.loads(text)
+    assert list(table) == ["version", "server_count", "server_list", "status"]
+    assert [s["server_id"] for s in table["server_list"]] == ["10.10.0.11", "10.10.0.10"]
+    assert text.endswith("}\n")
