@@ -60,8 +60,8 @@ lint: venv
 	yamllint -s .
 	ansible-lint
 	cd python && ruff check . && ruff format --check . && mypy
-	ruff check tests bench plugins inventories/local/hosts.py molecule
-	ruff format --check tests bench plugins inventories/local/hosts.py molecule
+	ruff check tests bench plugins inventories/local/hosts.py molecule roles/ddp_job/files
+	ruff format --check tests bench plugins inventories/local/hosts.py molecule roles/ddp_job/files
 
 unit: test-deps
 	cd python && pytest -q

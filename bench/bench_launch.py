@@ -36,7 +36,8 @@ def via_bare_mpirun() -> tuple[float, float]:
         f"python -m ddp_cluster.train --output-dir {out} {JOB_ARGS} > /dev/null && cat {out}/summary.json"
     )
     start = time.perf_counter()
-    done = subprocess.run(["docker", "exec", "node0", "bash", "-lc", command], capture_output=True, text=True, check=True)
+    argv = ["docker", "exec", "node0", "bash", "-lc", command]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
     subprocess.run(["docker", "exec", "node0", "rm", "-rf", out], check=True)
     return wall, float(json.loads(done.stdout)["seconds"])

@@ -1,15 +1,13 @@
 #!/usr/bin/env python3
-"""Throughput of ``ddp_cluster.train`` against a minimal hand-written DDP loop.
+"""Throughput of ``python -m ddp_cluster.train`` against a minimal hand-written DDP loop.
 
 Both train the same model (``ddp_cluster.models.build_model``) on the same seeded synthetic
 data with the same per-process batch, optimizer and data pipeline (DistributedSampler, one
 tensor index per batch), on gloo/cpu, for 1 and 2 processes started with torchrun's
-variables. Inside the same worker processes the two alternate, run after run (the order
-flips every round; a first round warms both up and is not counted), so that the noise of a
-shared machine falls on both alike. ddp_cluster runs as a whole: ``ddp_cluster.train.main``
-with its command line, process group, checkpoints, metrics.jsonl and summary.json, whose
-``samples_per_s`` is the figure; the hand-written loop times the same phase (training, not
-evaluation, which ddp_cluster reports apart as ``eval_seconds``).
+variables, each run in fresh processes. The runs alternate, and the order of the two flips
+every round, so that the drifts of a shared machine fall on both alike. ddp_cluster runs as
+a user runs it, and its summary.json's ``samples_per_s`` is the figure; the hand-written loop
+times the same phase (training; ddp_cluster reports evaluation apart, as ``eval_seconds``).
 
 The ratio measures what ddp_cluster adds to a bare loop: the loss all-reduced and logged every
 ``--log-every`` steps, metrics.jsonl, one fsync'd checkpoint per epoch, per-rank lines.
@@ -36,13 +34,12 @@ from typing import Any
 
 THREADS = "1"
 IMPLEMENTATIONS = ("hand-written", "ddp_cluster")
-RESULT = "BENCH_RESULT "  # prefix of the lines a worker reports on
 
 
-def hand_written_loop(args: argparse.Namespace) -> tuple[float, float]:
+def hand_written_worker(args: argparse.Namespace) -> None:
     """The reference: the PyTorch DDP tutorial's loop, and nothing more.
 
-    Returns (samples per second of wall time, per second of this process's CPU time)."""
+    Rank 0 prints samples per second of wall time and per second of its CPU time."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -73,10 +70,15 @@ def hand_written_loop(args: argparse.Namespace) -> tuple[float, float]:
             optimizer.step()
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - start_cpu
+    if rank == 0:
+        samples = len(sampler) * world * args.epochs
+        figures = {"samples_per_s": samples / seconds, "per_cpu_s": samples / cpu_seconds}
+        print(json.dumps(figures), flush=True)
+    # Let gloo retire the last gradient all-reduce first: a barrier issued at once can hold it,
+    # and destroying the group then may deadlock on the GIL (seen with torch 2.13).
+    time.sleep(0.2)
     dist.barrier()
     dist.destroy_process_group()
-    samples = len(sampler) * world * args.epochs
-    return samples / seconds, samples / cpu_seconds
 
 
 def same_data_and_model(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -96,66 +98,16 @@ def same_data_and_model(args: argparse.Namespace) -> tuple[Any, Any]:
     return data, build_model(data)
 
 
-def ddp_cluster_run(args: argparse.Namespace, out: Path) -> tuple[float, float] | None:
-    """One whole ``python -m ddp_cluster.train`` run, in this process; rank 0's figures."""
-    from ddp_cluster.train import main as train_main
-
-    flags = ["--dataset", "synthetic", "--output-dir", str(out)]
-    flags += ["--log-every", str(args.log_every), *common_flags(args)]
-    if train_main(flags) != 0:
-        raise RuntimeError(f"ddp_cluster.train {' '.join(flags)} failed")
-    if os.environ["RANK"] != "0":
-        return None
-    summary = json.loads((out / "summary.json").read_text())
-    return summary["samples_per_s"], summary["samples"] / summary["train_cpu_seconds"]
-
-
-def worker(args: argparse.Namespace) -> None:
-    """One rank: alternate the two implementations for ``rounds + 1`` rounds."""
-    base_port = int(os.environ["MASTER_PORT"])
-    for round_number in range(args.rounds + 1):
-        order = IMPLEMENTATIONS if round_number % 2 == 0 else IMPLEMENTATIONS[::-1]
-        for impl in order:
-            # a fresh rendezvous port per run: the last run's may linger in TIME_WAIT
-            offset = 2 * round_number + IMPLEMENTATIONS.index(impl)
-            os.environ["MASTER_PORT"] = str(base_port + offset)
-            if impl == "ddp_cluster":
-                world = os.environ["WORLD_SIZE"]
-                out = Path(args.scratch) / f"world{world}-round{round_number}"
-                figures = ddp_cluster_run(args, out)
-            else:
-                figures = hand_written_loop(args)
-            if os.environ["RANK"] == "0" and round_number > 0:
-                report = {"impl": impl, "round": round_number, "figures": figures}
-                print(RESULT + json.dumps(report), flush=True)
-
-
-def free_port_block(size: int) -> int:
-    """A first port such that ``size`` consecutive ports are free now."""
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base: int = sock.getsockname()[1]
-        if base + size < 65536 and all(_bindable(base + i) for i in range(size)):
-            return base
-    raise RuntimeError(f"no block of {size} free ports found")
-
-
-def _bindable(port: int) -> bool:
+def free_port() -> int:
     with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
-def launch_workers(args: argparse.Namespace, nproc: int, scratch: str) -> list[str]:
-    """Start ``nproc`` ranks of this script's worker with torchrun's variables."""
-    port = free_port_block(2 * args.rounds + 2)
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker"]
-    command += ["--scratch", scratch, "--rounds", str(args.rounds), "--log-every"]
-    command += [str(args.log_every), *common_flags(args)]
+def launch(command: list[str], nproc: int, timeout: float) -> list[str]:
+    """Start ``nproc`` ranks of ``command`` with torchrun's variables; their stdout."""
+    port = free_port()
     procs = []
     for rank in range(nproc):
         env = dict(os.environ)
@@ -174,7 +126,7 @@ def launch_workers(args: argparse.Namespace, nproc: int, scratch: str) -> list[s
     outputs = []
     try:
         for proc in procs:
-            out, err = proc.communicate(timeout=args.timeout)
+            out, err = proc.communicate(timeout=timeout)
             if proc.returncode != 0:
                 what = f"{' '.join(command)} failed (rc {proc.returncode})"
                 raise RuntimeError(f"{what}:\n{err[-3000:]}")
@@ -184,6 +136,25 @@ def launch_workers(args: argparse.Namespace, nproc: int, scratch: str) -> list[s
             if proc.poll() is None:
                 proc.kill()
     return outputs
+
+
+Figures = tuple[float, float]  # samples per second of wall time, per CPU second (rank 0)
+
+
+def measure_ddp_cluster(args: argparse.Namespace, nproc: int, scratch: Path) -> Figures:
+    out = Path(tempfile.mkdtemp(dir=scratch))
+    command = [sys.executable, "-m", "ddp_cluster.train", "--dataset", "synthetic"]
+    command += ["--output-dir", str(out), "--log-every", str(args.log_every)]
+    launch([*command, *common_flags(args)], nproc, args.timeout)
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["samples_per_s"], summary["samples"] / summary["train_cpu_seconds"]
+
+
+def measure_hand_written(args: argparse.Namespace, nproc: int) -> Figures:
+    command = [sys.executable, str(Path(__file__).resolve()), "--hand-written-worker"]
+    outputs = launch([*command, *common_flags(args)], nproc, args.timeout)
+    figures = json.loads(outputs[0].strip().splitlines()[-1])
+    return figures["samples_per_s"], figures["per_cpu_s"]
 
 
 def common_flags(args: argparse.Namespace) -> list[str]:
@@ -198,7 +169,7 @@ def common_flags(args: argparse.Namespace) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     add = parser.add_argument
-    add("--rounds", type=int, default=7, help="counted runs of each (default 7)")
+    add("--rounds", type=int, default=7, help="runs of each (default 7)")
     add("--nprocs", default="1,2", help="comma-separated process counts (default 1,2)")
     add("--synthetic-samples", type=int, default=65536, help="training samples")
     add("--synthetic-features", type=int, default=32, help="input size")
@@ -207,25 +178,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--lr", type=float, default=0.05)
     add("--seed", type=int, default=0)
     add("--log-every", type=int, default=10, help="ddp_cluster.train's --log-every")
-    add("--timeout", type=float, default=1800, help="seconds for all rounds")
+    add("--timeout", type=float, default=300, help="seconds per run")
     add("--json", type=Path, help="also write the raw figures here")
-    add("--worker", action="store_true", help=argparse.SUPPRESS)
-    add("--scratch", help=argparse.SUPPRESS)
+    add("--hand-written-worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-Figures = tuple[float, float]  # samples per second of wall time, per CPU second
 Results = dict[int, dict[str, list[Figures]]]  # processes -> implementation -> rounds
-
-
-def collect(outputs: list[str]) -> dict[str, list[Figures]]:
-    runs: dict[str, list[Figures]] = {name: [] for name in IMPLEMENTATIONS}
-    for line in outputs[0].splitlines():
-        if line.startswith(RESULT):
-            report = json.loads(line[len(RESULT) :])
-            wall, cpu = report["figures"]
-            runs[report["impl"]].append((wall, cpu))
-    return runs
 
 
 def print_table(args: argparse.Namespace, results: Results) -> None:
@@ -264,16 +223,25 @@ def print_table(args: argparse.Namespace, results: Results) -> None:
 
 def main() -> int:
     args = parse_args()
-    if args.worker:
-        worker(args)
+    if args.hand_written_worker:
+        hand_written_worker(args)
         return 0
-    results: Results = {}
+    nprocs = [int(n) for n in args.nprocs.split(",")]
+    results: Results = {n: {name: [] for name in IMPLEMENTATIONS} for n in nprocs}
     with tempfile.TemporaryDirectory(prefix="bench_train-") as scratch:
-        for nproc in [int(n) for n in args.nprocs.split(",")]:
-            started = time.perf_counter()
-            results[nproc] = collect(launch_workers(args, nproc, scratch))
-            took = time.perf_counter() - started
-            print(f"{nproc} process(es): {took:.0f} s", file=sys.stderr, flush=True)
+        for round_number in range(args.rounds):
+            for nproc in nprocs:
+                flip = round_number % 2 == 1
+                for impl in IMPLEMENTATIONS[::-1] if flip else IMPLEMENTATIONS:
+                    if impl == "ddp_cluster":
+                        figures = measure_ddp_cluster(args, nproc, Path(scratch))
+                    else:
+                        figures = measure_hand_written(args, nproc)
+                    results[nproc][impl].append(figures)
+                    where = f"round {round_number + 1}/{args.rounds} nproc {nproc}"
+                    wall, cpu = f"{figures[0]:8.0f}", f"{figures[1]:8.0f}"
+                    line = f"{where} {impl:<12} {wall} samples/s, {cpu} per CPU s"
+                    print(line, file=sys.stderr, flush=True)
     print_table(args, results)
     return 0
 

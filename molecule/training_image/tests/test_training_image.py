@@ -16,8 +16,11 @@ def test_tagged_by_a_hash_of_its_inputs_and_as_latest(host):
 
 
 def test_holds_openmpi_sshd_torch_and_the_package(host):
-    out = run_in_image(host, "mpirun --version | head -1; /usr/sbin/sshd -V 2>&1 | head -1; "
-                             "python -c 'import torch, ddp_cluster.train; print(torch.__version__)'")
+    out = run_in_image(
+        host,
+        "mpirun --version | head -1; /usr/sbin/sshd -V 2>&1 | head -1; "
+        "python -c 'import torch, ddp_cluster.train; print(torch.__version__)'",
+    )
     assert out.rc == 0, out.stderr
     assert "Open MPI" in out.stdout
     assert "OpenSSH" in out.stdout
