@@ -99,10 +99,17 @@ def test_bad_request_is_refused_before_anything_starts(
 
 
 def test_taken_master_port_is_named(local_cluster: PlaybookResult) -> None:
-    holder = "import socket,time; s=socket.socket(); s.bind(('0.0.0.0',29501)); s.listen(); time.sleep(120)"
+    # SO_REUSEADDR: earlier jobs leave the port in TIME_WAIT, where a plain bind would fail.
+    holder = (
+        "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        "s.bind(('0.0.0.0',29501)); s.listen(); time.sleep(120)"
+    )
     docker("exec", "-d", "node0", "python3", "-c", holder)
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 15
+        while not node_exec("node0", "ss -Htln 'sport = :29501'").stdout.strip():
+            assert time.monotonic() < deadline, "the port holder did not start listening"
+            time.sleep(0.5)
         result = train(job_id("port"), nodes=2, script_args=QUICK)
         assert result.rc != 0
         assert "node0: the master port 29501 is taken" in result.stdout, result.stdout[-3000:]
