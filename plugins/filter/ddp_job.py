@@ -27,12 +27,15 @@ def ddp_launch_argv(
     interface: str,
     env: Mapping[str, Any] | None = None,
     mpirun_args: Sequence[str] = (),
+    launcher_ports: str = "",
 ) -> list[str]:
     """The launcher's argv, started on the first node. Every rank's command line holds ``job_dir/``.
 
     mpirun starts one process per slot. torchrun is fanned out by mpirun too, one agent per node, so that a
     failing node's agent makes mpirun stop the agents of every other node (orte_abort_on_non_zero_status).
     Per-node settings (interfaces, HCCL_IF_IP) come from each node's own environment file, not from here.
+    ``launcher_ports`` (a range such as 29510-29519) pins the ports mpirun's daemons listen on, so that a
+    firewall can let exactly those through.
     """
     nodes = [str(node) for node in plan["nodes"]]
     nproc = int(plan["nproc_per_node"])
@@ -50,6 +53,8 @@ def ddp_launch_argv(
     argv = ["mpirun", "--hostfile", f"{job_dir}/hostfile", "--bind-to", "none"]
     argv += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", interface]
     argv += ["--mca", "oob_tcp_if_include", interface, "--mca", "orte_abort_on_non_zero_status", "1"]
+    if launcher_ports:
+        argv += ["--mca", "oob_tcp_static_ipv4_ports", str(launcher_ports)]
     argv += ["--output-filename", f"{job_dir}/logs", "--merge-stderr-to-stdout", "--wdir", job_dir]
     argv += ["-x", "PATH", "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
     for name, value in sorted(variables.items()):

@@ -53,7 +53,7 @@ def test_firewall_opened_or_disabled_as_asked(host, name):
     status = host.run("ufw status").stdout
     if name == "npu-open":
         assert "Status: active" in status
-        for port in ("12345/tcp", "29501/tcp", "60000:60015/tcp"):
+        for port in ("12345/tcp", "29501/tcp", "29510:29519/tcp", "60000:60015/tcp"):
             assert any(line.startswith(port) and "ALLOW" in line for line in status.splitlines()), status
     else:
         assert "Status: inactive" in status
