@@ -67,6 +67,7 @@ unit: test-deps
 	cd python && pytest -q
 
 molecule: test-deps image
+	@mkdir -p build
 	@for scenario in $(MOLECULE_SCENARIOS); do \
 	  echo "== molecule test -s $$scenario"; \
 	  molecule test -s $$scenario > build/molecule-$$scenario.log 2>&1 \
@@ -82,6 +83,7 @@ test: lint unit molecule e2e
 bench: test-deps base-image
 	$(BIN)/python bench/bench_site.py
 	$(BIN)/python bench/bench_train.py
+	$(BIN)/python bench/bench_launch.py
 
 clean: venv
 	ansible-playbook playbooks/teardown.yml
