@@ -56,7 +56,8 @@ train: venv
 demo: site
 	@if [ -f train.yml ]; then ansible-playbook train.yml -e nodes=$(NODES); fi
 
-lint: venv
+# mypy reads torch's types, so the package's type check needs the test dependencies installed.
+lint: test-deps
 	yamllint -s .
 	ansible-lint
 	cd python && ruff check . && ruff format --check . && mypy
