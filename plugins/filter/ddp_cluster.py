@@ -385,6 +385,19 @@ def port_ranges(*specs: Any) -> str:
     return ",".join(ranges)
 
 
+def node_addresses(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> dict[str, str]:
+    """Where each node is reached on a host network: its node_container_address, else ansible_host, else its name.
+
+    Role defaults are not in hostvars, so an inventory's own setting is read here with the role's fallback order.
+    """
+    addresses = {}
+    for host in hosts:
+        variables = hostvars[host]
+        address = _host_var(variables, "node_container_address") or _host_var(variables, "ansible_host") or host
+        addresses[str(host)] = str(address)
+    return addresses
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -403,4 +416,5 @@ class FilterModule:
             "ddp_hccn_problems": hccn_problems,
             "ddp_net_health_name": net_health_name,
             "ddp_port_ranges": port_ranges,
+            "ddp_node_addresses": node_addresses,
         }

@@ -1,0 +1,51 @@
+"""Stand-in of torch_npu (the Ascend adapter for PyTorch), for the simulated Ascend servers of ddp-cluster.
+
+Like the real package it fails to import when the driver's libraries are not on LD_LIBRARY_PATH (the real one
+dlopens libascend_hal.so and fails with this message), and it registers ``torch.npu``; the device count comes
+from the /dev/davinciN nodes the container was given, narrowed by ASCEND_RT_VISIBLE_DEVICES. It has no kernels:
+tensors cannot move to an "npu" device, so jobs on the simulated servers train on cpu, asked explicitly.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import types
+
+__version__ = "2.1.0.post-ddp-sim"
+_DRIVER_LIBRARY = "libascend_hal.so"
+
+
+def _library_on_path(name: str) -> str | None:
+    for directory in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        if directory and os.path.isfile(os.path.join(directory, name)):
+            return os.path.join(directory, name)
+    return None
+
+
+if _library_on_path(_DRIVER_LIBRARY) is None:
+    raise ImportError(f"{_DRIVER_LIBRARY}: cannot open shared object file: No such file or directory")
+
+import torch  # noqa: E402  (after the driver check, as the real package loads its libraries first)
+
+
+def _visible_devices() -> list[int]:
+    present = sorted(int(path[len("/dev/davinci") :]) for path in glob.glob("/dev/davinci[0-9]*"))
+    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "").strip()
+    if not visible:
+        return present
+    wanted = [int(item) for item in visible.split(",") if item.strip().isdigit()]
+    return [index for index in wanted if index in present]
+
+
+def device_count() -> int:
+    return len(_visible_devices())
+
+
+def is_available() -> bool:
+    return device_count() > 0
+
+
+npu = types.SimpleNamespace(device_count=device_count, is_available=is_available, stand_in=True)
+torch.npu = npu  # type: ignore[attr-defined]
+library_path = _library_on_path(_DRIVER_LIBRARY)
