@@ -14,7 +14,7 @@ NODES ?= 2
 TORCH_VERSION ?= 2.13.0
 MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help venv test-deps docker base-image image site train demo lint unit molecule e2e test bench clean
+.PHONY: help venv test-deps docker base-image image site train demo lint unit molecule e2e sim-up sim-down test bench clean
 
 help:
 	@echo "make demo    set up this machine and run site.yml, then train.yml -e nodes=$(NODES), on the local cluster"
@@ -22,6 +22,7 @@ help:
 	@echo "make lint    yamllint, ansible-lint, ruff, mypy"
 	@echo "make bench   benchmarks (figures, not tests)"
 	@echo "make clean   remove the local cluster's containers, network and state"
+	@echo "make sim-up  start SIM_SERVERS (default 2) simulated servers for inventories/sim and sim-ascend; sim-down removes them"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements/controller.txt python/pyproject.toml
@@ -78,6 +79,14 @@ molecule: test-deps image
 
 e2e: test-deps base-image
 	pytest -q tests
+
+# Simulated servers (sim-server0...) with their own Docker engine, sshd and firewall: see README.md.
+SIM_SERVERS ?= 2
+sim-up: venv
+	SIM_SERVERS=$(SIM_SERVERS) PYTHON=$(BIN)/python TORCH_VERSION=$(TORCH_VERSION) scripts/sim.sh up
+
+sim-down:
+	scripts/sim.sh down
 
 test: lint unit molecule e2e
 
