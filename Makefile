@@ -14,7 +14,7 @@ NODES ?= 2
 TORCH_VERSION ?= 2.13.0
 MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help venv test-deps docker base-image image site train demo lint unit molecule e2e sim-up sim-down test bench clean
+.PHONY: help venv test-deps docker base-image image site train demo lint unit molecule e2e sim-e2e sim-up sim-down test bench clean
 
 help:
 	@echo "make demo    set up this machine and run site.yml, then train.yml -e nodes=$(NODES), on the local cluster"
@@ -78,7 +78,11 @@ molecule: test-deps image
 	done
 
 e2e: test-deps base-image
-	pytest -q tests
+	pytest -q tests --ignore=tests/sim
+
+# The real-cluster path on simulated servers (made fresh for the run, removed after it).
+sim-e2e: test-deps base-image
+	pytest -q tests/sim
 
 # Simulated servers (sim-server0...) with their own Docker engine, sshd and firewall: see README.md.
 SIM_SERVERS ?= 2
@@ -88,7 +92,7 @@ sim-up: venv
 sim-down:
 	scripts/sim.sh down
 
-test: lint unit molecule e2e
+test: lint unit molecule e2e sim-e2e
 
 bench: test-deps base-image
 	$(BIN)/python bench/bench_site.py

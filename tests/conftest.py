@@ -42,6 +42,7 @@ def run_playbook(
     env: dict[str, str] | None = None,
     cmdline: str = "",
     timeout: int = 900,
+    inventory: Path = LOCAL_INVENTORY,
 ) -> PlaybookResult:
     """Run a playbook of this repository the way a user does, and return its recap and output."""
     envvars = {
@@ -56,7 +57,7 @@ def run_playbook(
             private_data_dir=private,
             project_dir=str(REPO),
             playbook=str(REPO / playbook),
-            inventory=str(LOCAL_INVENTORY),
+            inventory=str(inventory),
             extravars=extravars or {},
             envvars=envvars,
             cmdline=cmdline or None,

@@ -1,0 +1,317 @@
+"""The real-cluster path on simulated servers (scripts/sim.sh): Ansible over ssh to servers with their own Docker
+engine, image store, network namespace and firewall; node containers on each server's host network.
+
+The tests run in file order on one set of servers made fresh for this module (engine up, no image): bring-up,
+idempotence, the mesh and mpirun across servers, jobs with both launchers, the firewall, a server dying mid-job,
+servers that cannot be used (engine stopped, unreachable, host key changed), then the same servers as Ascend ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, PlaybookResult, run_playbook
+
+SIM = REPO / "inventories" / "sim"
+SIM_ASCEND = REPO / "inventories" / "sim-ascend"
+SERVERS = ["sim-server0", "sim-server1"]
+RUNS = REPO / "runs"
+QUICK = "--dataset digits --epochs 3 --batch-size 32 --lr 0.05"
+STATE = "/var/lib/ddp-cluster"
+ANSIBLE_CONTROL_DIR = Path.home() / ".ansible" / "cp"
+
+
+def sim(*args: str) -> None:
+    env = os.environ | {"SIM_SERVERS": "2", "PYTHON": str(REPO / ".venv" / "bin" / "python")}
+    done = subprocess.run(["scripts/sim.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def on_server(server: str, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    """A command on the server itself (its console), not through the playbooks' path."""
+    done = subprocess.run(
+        ["docker", "exec", server, "sh", "-c", command], capture_output=True, text=True, timeout=timeout
+    )
+    if check:
+        assert done.returncode == 0, f"{server}: {command}: {done.stdout}{done.stderr}"
+    return done
+
+
+def on_node(server: str, command: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    """A command in the node container on a server, as a login shell would run it."""
+    return on_server(server, f"docker exec {server} bash -lc {shlex_quote(command)}", check=check, timeout=timeout)
+
+
+def shlex_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def forget_connections() -> None:
+    """Drop Ansible's persistent ssh connections, so the next run logs in afresh (as after a server's reboot)."""
+    shutil.rmtree(ANSIBLE_CONTROL_DIR, ignore_errors=True)
+
+
+def wait_engine(server: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while on_server(server, "docker info >/dev/null 2>&1", check=False).returncode != 0:
+        assert time.monotonic() < deadline, f"{server}: engine not back within {timeout:.0f} s"
+        time.sleep(1)
+
+
+def site(inventory: Path = SIM, **extravars: object) -> PlaybookResult:
+    return run_playbook("site.yml", extravars=extravars, inventory=inventory, timeout=1200)
+
+
+def train(job: str, inventory: Path = SIM, **extravars: object) -> PlaybookResult:
+    return run_playbook("train.yml", extravars={"job_id": job, **extravars}, inventory=inventory)
+
+
+def job_id(name: str) -> str:
+    return f"test-sim-{name}-{uuid.uuid4().hex[:6]}"
+
+
+def changed_on(result: PlaybookResult, host: str) -> int:
+    return result.stats.get("changed", {}).get(host, 0)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[list[str]]:
+    """Two bare simulated servers: engine up, no image, no node container."""
+    sim("down")
+    sim("up")
+    yield SERVERS
+    if not os.environ.get("DDP_SIM_KEEP"):
+        sim("down")
+
+
+@pytest.fixture(scope="module")
+def sim_cluster(servers: list[str]) -> PlaybookResult:
+    for server in servers:
+        assert on_server(server, "docker image ls -q | wc -l").stdout.strip() == "0"
+        assert on_server(server, "python3 -c 'import requests'", check=False).returncode != 0
+    result = site()
+    assert result.rc == 0, result.stdout[-6000:]
+    return result
+
+
+def test_site_brings_bare_servers_up(sim_cluster: PlaybookResult) -> None:
+    for server in SERVERS:
+        # The hosts stage installed what the Docker tasks need; the image arrived; the node runs on the host network.
+        on_server(server, "python3 -c 'import requests'")
+        images = on_server(server, "docker image ls -q ddp-cluster/node").stdout.split()
+        assert len(images) == 1, images
+        template = "'{{.HostConfig.NetworkMode}} {{.State.Running}}'"
+        inspect = on_server(server, f"docker inspect -f {template} {server}")
+        assert inspect.stdout.split() == ["host", "true"]
+        # sshd of the node container listens in the server's own network namespace.
+        assert on_server(server, "ss -Htln 'sport = :12345'").stdout.strip()
+        assert on_server(server, 'test -z "$(ls /var/tmp/*.tar 2>/dev/null)"', check=False).returncode == 0
+
+
+def test_second_run_changes_nothing_and_sends_no_image(sim_cluster: PlaybookResult) -> None:
+    again = site()
+    assert again.rc == 0, again.stdout[-4000:]
+    assert again.changed_hosts() == {}, again.stdout[-6000:]
+    # The image is on every server: the archive is neither exported, nor copied, nor loaded again.
+    sending = again.stdout.split("TASK [training_image : Copy the archive to the host]")
+    assert len(sending) == 1 or "changed:" not in sending[1].split("TASK [")[0]
+
+
+def test_nodes_log_in_by_name_and_mpirun_spans_servers(sim_cluster: PlaybookResult) -> None:
+    assert on_node("sim-server0", "ssh -o BatchMode=yes sim-server1 hostname").stdout.strip() == "sim-server1"
+    assert on_node("sim-server1", "ssh -o BatchMode=yes sim-server0 hostname").stdout.strip() == "sim-server0"
+    # No other node's key is accepted without being pinned.
+    pinned = on_node("sim-server0", "cat /etc/ddp-cluster/known_hosts").stdout
+    assert "[sim-server1]:12345" in pinned and "[sim-server0]:12345" in pinned
+    out = on_node(
+        "sim-server0",
+        "mpirun -H sim-server0:1,sim-server1:1 --mca oob_tcp_if_include eth0 --mca btl_tcp_if_include eth0 hostname",
+        timeout=60,
+    ).stdout.split()
+    assert sorted(out) == SERVERS
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_train_across_servers(sim_cluster: PlaybookResult, launcher: str) -> None:
+    job = job_id(launcher)
+    result = train(job, nodes=2, launcher=launcher, script_args=QUICK)
+    assert result.rc == 0, result.stdout[-5000:]
+    summary = json.loads((RUNS / job / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert sorted(p.name for p in (RUNS / job / "logs").iterdir()) == ["rank.0.log", "rank.1.log"]
+    assert (RUNS / job / "nodes" / "sim-server1").is_dir()
+
+
+def test_firewall_refuses_a_port_the_cluster_did_not_open(sim_cluster: PlaybookResult) -> None:
+    on_server("sim-server1", "ufw status | grep -q 'Status: active'")
+    subprocess.run(["docker", "exec", "-d", "sim-server1", "python3", "-m", "http.server", "9000"], check=True)
+    time.sleep(1)
+    try:
+        probe = 'python3 -c "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 3)"'
+        # The listener answers on its own server, the cluster's port answers from the other server, 9000 does not.
+        on_server("sim-server1", f"{probe} 127.0.0.1 9000")
+        on_server("sim-server0", f"{probe} 172.30.99.11 12345")
+        refused = on_server("sim-server0", f"{probe} 172.30.99.11 9000", check=False)
+        assert refused.returncode != 0
+        assert "timed out" in refused.stderr or "refused" in refused.stderr, refused.stderr
+    finally:
+        on_server("sim-server1", "pkill -f 'http.server 9000'", check=False)
+
+
+def test_dead_server_fails_the_job_within_60s_naming_it(sim_cluster: PlaybookResult) -> None:
+    job = job_id("dead")
+    args = "--dataset synthetic --synthetic-samples 200000 --epochs 50 --batch-size 64 --log-every 50"
+    playbook = subprocess.Popen(
+        [
+            str(REPO / ".venv" / "bin" / "ansible-playbook"),
+            "-i",
+            str(SIM),
+            "train.yml",
+            "-e",
+            f"job_id={job}",
+            "-e",
+            "nodes=2",
+            "-e",
+            f"script_args='{args}'",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ | {"ANSIBLE_NOCOLOR": "1"},
+        start_new_session=True,
+    )
+    status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
+    try:
+        deadline = time.monotonic() + 240
+        while '"step"' not in on_server("sim-server0", f"cat {status} 2>/dev/null", check=False).stdout:
+            assert playbook.poll() is None, "train.yml ended before the job made progress"
+            assert time.monotonic() < deadline, "the job made no progress within 240 s"
+            time.sleep(1)
+        subprocess.run(["docker", "kill", "sim-server1"], check=True, capture_output=True)
+        killed = time.monotonic()
+        output, _ = playbook.communicate(timeout=150)
+        took = time.monotonic() - killed
+    finally:
+        if playbook.poll() is None:
+            os.killpg(playbook.pid, signal.SIGTERM)
+        subprocess.run(["docker", "start", "sim-server1"], check=True, capture_output=True)
+    assert playbook.returncode != 0
+    assert took < 60, f"train.yml took {took:.0f} s to fail after sim-server1 died"
+    assert f"job {job} failed: node sim-server1" in output, output[-4000:]
+    left = on_node("sim-server0", f"pgrep -af '[/]workspace/jobs/{job}/' || true").stdout.strip()
+    assert left == "", left
+    wait_engine("sim-server1")
+
+
+@pytest.fixture
+def healthy_again() -> Iterator[None]:
+    """Each failure test leaves the cluster as it found it; the next test checks it from scratch."""
+    forget_connections()
+    yield
+    forget_connections()
+
+
+def assert_stopped_naming(result: PlaybookResult, words: str) -> None:
+    """site.yml stopped in preflight with a message naming the server, and nothing changed anywhere."""
+    assert result.rc != 0
+    assert words in result.stdout, result.stdout[-4000:]
+    assert changed_on(result, "sim-server0") == 0, result.stdout[-4000:]
+    assert "TASK [training_image" not in result.stdout and "TASK [node_container" not in result.stdout
+
+
+def test_stopped_engine_stops_site_naming_the_server(sim_cluster: PlaybookResult, healthy_again: None) -> None:
+    stop = "pkill -x dockerd; for i in $(seq 30); do docker info >/dev/null 2>&1 || exit 0; sleep 1; done; exit 1"
+    on_server("sim-server1", stop)
+    try:
+        result = site()
+        assert_stopped_naming(result, "sim-server1: no Docker engine answers")
+    finally:
+        on_server("sim-server1", "rm -f /var/run/docker.pid; nohup dockerd >/var/log/dockerd.log 2>&1 </dev/null &")
+        wait_engine("sim-server1")
+
+
+def test_unreachable_server_stops_site_naming_it(sim_cluster: PlaybookResult, healthy_again: None) -> None:
+    on_server("sim-server1", "ufw insert 1 reject 22/tcp >/dev/null")
+    try:
+        result = site()
+        assert_stopped_naming(result, "sim-server1 (172.30.99.11): cannot log in over ssh")
+        assert "Connection refused" in result.stdout
+    finally:
+        on_server("sim-server1", "ufw delete reject 22/tcp >/dev/null")
+
+
+def test_changed_host_key_stops_site_naming_it(sim_cluster: PlaybookResult, healthy_again: None) -> None:
+    on_server("sim-server1", "mkdir -p /root/keys.orig && cp -a /etc/ssh/ssh_host_* /root/keys.orig/")
+    on_server("sim-server1", "rm /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && pkill -HUP -o -x sshd")
+    try:
+        result = site()
+        assert_stopped_naming(result, "sim-server1 (172.30.99.11): cannot log in over ssh")
+        assert "host key differs from the one pinned" in result.stdout
+    finally:
+        on_server("sim-server1", "cp -a /root/keys.orig/ssh_host_* /etc/ssh/ && pkill -HUP -o -x sshd")
+
+
+def test_cluster_works_after_the_failures(sim_cluster: PlaybookResult, healthy_again: None) -> None:
+    result = site()
+    assert result.rc == 0, result.stdout[-5000:]
+    job = job_id("after")
+    done = train(job, nodes=2, script_args=QUICK)
+    assert done.rc == 0, done.stdout[-5000:]
+
+
+@pytest.fixture(scope="module")
+def ascend_cluster(servers: list[str]) -> PlaybookResult:
+    result = site(SIM_ASCEND)
+    assert result.rc == 0, result.stdout[-6000:]
+    return result
+
+
+def test_ascend_hosts_stage_runs_on_the_doubles(ascend_cluster: PlaybookResult) -> None:
+    for index, server in enumerate(SERVERS):
+        calls = on_server(server, "cat /var/lib/ddp-doubles/calls.log").stdout
+        assert "npu-smi info -l" in calls
+        seed = 101 + 10 * index
+        assert f"hccn_tool -i 0 -ip -s address 192.168.100.{seed}" in calls, calls[-2000:]
+        assert on_server(server, "sysctl -n net.ipv4.ip_local_reserved_ports").stdout.strip() == "60000-60015"
+        devices = on_node(server, "ls /dev/davinci0 /dev/davinci7 /dev/davinci_manager /dev/devmm_svm /dev/hisi_hdc")
+        assert len(devices.stdout.split()) == 5
+        assert on_node(server, "cat /etc/ddp-cluster/node/rank_table.json").stdout.count('"device_ip"') >= 2
+
+
+def test_ascend_ranks_on_both_servers_import_torch_npu(ascend_cluster: PlaybookResult) -> None:
+    job = job_id("npu")
+    result = train(job, SIM_ASCEND, nodes=2, script=str(REPO / "tests" / "scripts" / "npu_probe.py"))
+    assert result.rc == 0, result.stdout[-5000:]
+    reports = [
+        json.loads(line.split("npu-probe ", 1)[1])
+        for log in sorted((RUNS / job / "logs").iterdir())
+        for line in log.read_text().splitlines()
+        if "npu-probe " in line
+    ]
+    assert sorted(report["node"] for report in reports) == SERVERS
+    for report in reports:
+        assert report["torch_npu"], report
+        assert report["npu_count"] == 8
+        assert report["ranks_with_torch_npu"] == 2
+        assert "/usr/local/Ascend/driver/lib64/driver" in report["env"]["LD_LIBRARY_PATH"]
+        assert "/usr/local/Ascend/ascend-toolkit/latest/bin" in report["env"]["PATH"]
+    # The rank started by docker exec and the one started by sshd see the same environment.
+    assert reports[0]["env"] == reports[1]["env"]
+
+
+def test_ascend_default_job_trains_on_cpu_when_asked(ascend_cluster: PlaybookResult) -> None:
+    job = job_id("npu-cpu")
+    result = train(job, SIM_ASCEND, nodes=2, script_args=QUICK + " --device cpu --backend gloo")
+    assert result.rc == 0, result.stdout[-5000:]
+    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
