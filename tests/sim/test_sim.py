@@ -242,13 +242,15 @@ def test_stopped_engine_stops_site_naming_the_server(sim_cluster: PlaybookResult
 
 
 def test_unreachable_server_stops_site_naming_it(sim_cluster: PlaybookResult, healthy_again: None) -> None:
-    on_server("sim-server1", "ufw insert 1 reject 22/tcp >/dev/null")
+    # sshd refuses connections (a server whose sshd is down): the first rule of INPUT resets them.
+    reject = "INPUT -p tcp --dport 22 -j REJECT --reject-with tcp-reset"
+    on_server("sim-server1", f"iptables -I {reject}")
     try:
         result = site()
         assert_stopped_naming(result, "sim-server1 (172.30.99.11): cannot log in over ssh")
         assert "Connection refused" in result.stdout
     finally:
-        on_server("sim-server1", "ufw delete reject 22/tcp >/dev/null")
+        on_server("sim-server1", f"iptables -D {reject}")
 
 
 def test_changed_host_key_stops_site_naming_it(sim_cluster: PlaybookResult, healthy_again: None) -> None:
