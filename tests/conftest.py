@@ -70,6 +70,22 @@ def run_playbook(
         return PlaybookResult(rc=runner.rc, status=runner.status, stats=stats, stdout=stdout)
 
 
+def start_train(job: str, script_args: str, inventory: Path = LOCAL_INVENTORY) -> subprocess.Popen[str]:
+    """Start train.yml on 2 nodes in the background, as a user does in a terminal (a test then breaks a node)."""
+    return subprocess.Popen(
+        [
+            *(str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), "train.yml"),
+            *("-e", f"job_id={job}", "-e", "nodes=2", "-e", f"script_args='{script_args}'"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ | {"ANSIBLE_NOCOLOR": "1"},
+        start_new_session=True,
+    )
+
+
 def docker(*args: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=timeout)
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, PlaybookResult, docker, node_exec, run_playbook
+from conftest import REPO, PlaybookResult, docker, node_exec, run_playbook, start_train
 
 RUNS = REPO / "runs"
 QUICK = "--dataset digits --epochs 4 --batch-size 32 --lr 0.05"
@@ -134,24 +133,7 @@ def test_failing_rank_stops_the_job_and_is_named(local_cluster: PlaybookResult) 
 def test_dead_node_fails_the_job_and_resume_finishes_it(local_cluster: PlaybookResult) -> None:
     job = job_id("dead")
     args = "--dataset synthetic --synthetic-samples 24000 --epochs 8 --batch-size 64 --log-every 50"
-    playbook = subprocess.Popen(
-        [
-            str(REPO / ".venv" / "bin" / "ansible-playbook"),
-            "train.yml",
-            "-e",
-            f"job_id={job}",
-            "-e",
-            "nodes=2",
-            "-e",
-            f"script_args='{args}'",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=os.environ | {"ANSIBLE_NOCOLOR": "1"},
-        start_new_session=True,
-    )
+    playbook = start_train(job, args)
     checkpoints = Path(f"/var/lib/ddp-cluster/node0/workspace/jobs/{job}/output/checkpoints")
     try:
         deadline = time.monotonic() + 240

@@ -18,7 +18,7 @@ WATCHED = ("LD_LIBRARY_PATH", "PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH",
 def probe() -> dict[str, object]:
     report: dict[str, object] = {"node": socket.gethostname(), "rank": int(os.environ["RANK"])}
     try:
-        import torch_npu  # noqa: F401  (registers torch.npu)
+        import torch_npu  # registers torch.npu
 
         report["torch_npu"] = torch_npu.__version__
         report["npu_count"] = torch.npu.device_count()  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, PlaybookResult, run_playbook
+from conftest import REPO, PlaybookResult, run_playbook, start_train
 
 SIM = REPO / "inventories" / "sim"
 SIM_ASCEND = REPO / "inventories" / "sim-ascend"
@@ -171,26 +171,7 @@ def test_firewall_refuses_a_port_the_cluster_did_not_open(sim_cluster: PlaybookR
 def test_dead_server_fails_the_job_within_60s_naming_it(sim_cluster: PlaybookResult) -> None:
     job = job_id("dead")
     args = "--dataset synthetic --synthetic-samples 200000 --epochs 50 --batch-size 64 --log-every 50"
-    playbook = subprocess.Popen(
-        [
-            str(REPO / ".venv" / "bin" / "ansible-playbook"),
-            "-i",
-            str(SIM),
-            "train.yml",
-            "-e",
-            f"job_id={job}",
-            "-e",
-            "nodes=2",
-            "-e",
-            f"script_args='{args}'",
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=os.environ | {"ANSIBLE_NOCOLOR": "1"},
-        start_new_session=True,
-    )
+    playbook = start_train(job, args, SIM)
     status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
     try:
         deadline = time.monotonic() + 240
