@@ -117,6 +117,28 @@ CONF
   fi
 }
 
+# Every running server as an inventory of its own, for clusters of more than the two that inventories/sim and
+# inventories/sim-ascend list: `-i inventories/sim -i build/sim/hosts.yml` (their group_vars still apply).
+write_inventory() {
+  local name index
+  mkdir -p build/sim
+  {
+    echo "# Written by scripts/sim.sh: every simulated server that is running. Use it beside a sim inventory:"
+    echo "#   ansible-playbook -i inventories/sim -i build/sim/hosts.yml site.yml"
+    echo "all:"
+    echo "  children:"
+    echo "    nodes:"
+    echo "      hosts:"
+    for name in $(docker ps --filter "label=$LABEL" --format '{{.Names}}' | sort -V); do
+      index=${name#sim-server}
+      echo "        $name:"
+      echo "          ansible_host: $(address_of "$index")"
+      echo "          npu_device_ip_seed: 192.168.100.$((101 + 10 * index))"
+    done
+  } >build/sim/hosts.yml.new
+  mv build/sim/hosts.yml.new build/sim/hosts.yml
+}
+
 build_cann_standin() {
   if docker image inspect "$CANN_IMAGE" >/dev/null 2>&1; then
     return 0
@@ -144,6 +166,7 @@ up() {
     wait_server "$index"
   done
   write_access
+  write_inventory
   log "$SERVERS server(s) up: $(for index in $(seq 0 $((SERVERS - 1))); do printf 'sim-server%s=%s ' "$index" "$(address_of "$index")"; done)"
 }
 
@@ -164,7 +187,7 @@ down() {
     mv "$SSH_CONFIG.ddp-sim" "$SSH_CONFIG"
     chmod 0600 "$SSH_CONFIG"
   fi
-  rm -rf "$ACCESS_DIR" "${HOME}/.ddp-cluster/sim" "${HOME}/.ddp-cluster/sim-ascend"
+  rm -rf "$ACCESS_DIR" "${HOME}/.ddp-cluster/sim" "${HOME}/.ddp-cluster/sim-ascend" build/sim/hosts.yml
   log "down"
 }
 
