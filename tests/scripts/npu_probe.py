@@ -38,6 +38,8 @@ def main() -> int:
     report["ranks_with_torch_npu"] = int(total.item())
     report["world_size"] = dist.get_world_size()
     print("npu-probe " + json.dumps(report, sort_keys=True), flush=True)
+    # A barrier before the destroy: without it gloo in torch 2.13 aborts one rank at exit now and then.
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
