@@ -227,7 +227,7 @@ def test_unreachable_server_stops_site_naming_it(sim_cluster: PlaybookResult, he
     reject = "INPUT -p tcp --dport 22 -j REJECT --reject-with tcp-reset"
     on_server("sim-server1", f"iptables -I {reject}")
     try:
-        result = site()
+        result = site(cluster_preflight_login_timeout=6)
         assert_stopped_naming(result, "sim-server1 (172.30.99.11): cannot log in over ssh")
         assert "Connection refused" in result.stdout
     finally:
@@ -238,7 +238,7 @@ def test_changed_host_key_stops_site_naming_it(sim_cluster: PlaybookResult, heal
     on_server("sim-server1", "mkdir -p /root/keys.orig && cp -a /etc/ssh/ssh_host_* /root/keys.orig/")
     on_server("sim-server1", "rm /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && pkill -HUP -o -x sshd")
     try:
-        result = site()
+        result = site(cluster_preflight_login_timeout=6)
         assert_stopped_naming(result, "sim-server1 (172.30.99.11): cannot log in over ssh")
         assert "host key differs from the one pinned" in result.stdout
     finally:
@@ -246,8 +246,8 @@ def test_changed_host_key_stops_site_naming_it(sim_cluster: PlaybookResult, heal
 
 
 def test_cluster_works_after_the_failures(sim_cluster: PlaybookResult, healthy_again: None) -> None:
-    result = site()
-    assert result.rc == 0, result.stdout[-5000:]
+    # sim-server1 was killed and started again: its engine restarted its node container (restart policy), with
+    # the same host keys, so a job runs with no site.yml in between (sim-ascend's site.yml follows anyway).
     job = job_id("after")
     done = train(job, nodes=2, script_args=QUICK)
     assert done.rc == 0, done.stdout[-5000:]
