@@ -139,14 +139,16 @@ write_inventory() {
   mv build/sim/hosts.yml.new build/sim/hosts.yml
 }
 
+# Rebuilt on every sim-up (Docker's layer cache makes an unchanged one take seconds); the wheels are downloaded once.
 build_cann_standin() {
-  if docker image inspect "$CANN_IMAGE" >/dev/null 2>&1; then
-    return 0
-  fi
   local wheels=build/sim/cann-wheels
-  log "downloading torch ${TORCH_VERSION:-2.13.0} for the CANN stand-in image into $wheels"
-  mkdir -p "$wheels"
-  "${PYTHON:-python3}" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheels" "torch==${TORCH_VERSION:-2.13.0}"
+  if [ ! -f "$wheels/.complete-${TORCH_VERSION:-2.13.0}" ]; then
+    log "downloading torch ${TORCH_VERSION:-2.13.0} and numpy 1.26 for the CANN stand-in image into $wheels"
+    mkdir -p "$wheels"
+    "${PYTHON:-python3}" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheels" \
+      "torch==${TORCH_VERSION:-2.13.0}" "numpy==1.26.4"
+    touch "$wheels/.complete-${TORCH_VERSION:-2.13.0}"
+  fi
   build_image "$CANN_IMAGE" sim/cann/Dockerfile sim/cann "$wheels"
 }
 

@@ -59,7 +59,7 @@ def test_overrides() -> None:
 
 
 def test_npu_without_torch_npu_says_so() -> None:
-    with pytest.raises(DeviceError, match=r"--device npu needs torch_npu.*No module named 'torch_npu'"):
+    with pytest.raises(DeviceError, match=r"device npu needs torch_npu.*No module named 'torch_npu'"):
         choose_placement("npu", "auto", env_with_local_rank(0), NOTHING)
 
 
@@ -106,3 +106,41 @@ def test_this_machine_detects_no_npu_and_selects_cpu(monkeypatch: pytest.MonkeyP
     assert str(placement.device) == "cpu" and placement.device_ids is None
     with pytest.raises(DeviceError, match="torch_npu"):
         select_placement("npu", "auto", resolve_dist_env({}))
+
+
+def test_cuda_refusal_gives_torchs_reason() -> None:
+    found = Accelerators(
+        cuda_count=0,
+        npu_count=0,
+        npu_error="not probed",
+        cuda_error="The NVIDIA driver on your system is too old",
+    )
+    with pytest.raises(
+        DeviceError, match=r"no cuda device is visible.*driver on your system is too old.*-e device=cpu"
+    ):
+        choose_placement("cuda", "auto", env_with_local_rank(0), found)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("", "auto"), ("npu", "npu"), (" cuda ", "cuda"), ("cpu", "cpu")]
+)
+def test_requested_device_comes_from_ddp_device(value: str, expected: str) -> None:
+    from ddp_cluster.device import requested_device
+
+    assert requested_device({"DDP_DEVICE": value}) == expected
+    assert requested_device({}) == "auto"
+
+
+def test_requested_device_refuses_an_unknown_value() -> None:
+    from ddp_cluster.device import requested_device
+
+    with pytest.raises(DeviceError, match="DDP_DEVICE='gpu' is not one of auto, cpu, cuda, npu"):
+        requested_device({"DDP_DEVICE": "gpu"})
+
+
+def test_where_names_the_node_and_the_rank() -> None:
+    from ddp_cluster.device import where
+
+    env = env_with_local_rank(3)
+    assert where(env, {"DDP_NODE_NAME": "sim-server1"}) == "node sim-server1 rank 3/8"
+    assert where(None, {"DDP_NODE_NAME": "sim-server1"}) == "node sim-server1"

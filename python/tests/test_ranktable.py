@@ -156,3 +156,63 @@ def test_ddp_cluster_dispatches_rank_table(capsys: pytest.CaptureFixture[str]) -
 
     assert main(["rank-table", str(DATA / "seed000_two_servers.yml")]) == 0
     assert json.loads(capsys.readouterr().out)["server_count"] == "2"
+
+
+# --- one job's table: its own nodes, devices and master ---------------------------------------------
+
+
+def test_job_on_one_of_two_nodes_lists_only_that_node_as_master() -> None:
+    plan = plan_from_dict(seed000_plan())
+    second = plan.servers[1]
+    table = ranktable.job_rank_table(plan, [second.host or second.host_ip], 8)
+    assert table["server_count"] == "1"
+    [server] = table["server_list"]
+    assert server["server_id"] == second.host_ip
+    assert [d["rank_id"] for d in server["device"]] == [str(rank) for rank in range(8)]
+    assert [d["device_ip"] for d in server["device"]] == list(second.device_ips)
+
+
+def test_job_of_4_of_8_devices_per_node_uses_the_visible_ones_with_ranks_ascending_across_nodes() -> None:
+    plan = plan_from_dict(seed000_plan())
+    names = [server.host or server.host_ip for server in plan.servers]
+    table = ranktable.job_rank_table(plan, names, 4, visible={names[1]: "4,5,6,7"})
+    first, second = table["server_list"]
+    assert [d["device_id"] for d in first["device"]] == ["0", "1", "2", "3"]
+    assert [d["device_id"] for d in second["device"]] == ["4", "5", "6", "7"]
+    assert [d["device_ip"] for d in second["device"]] == list(plan.servers[1].device_ips[4:8])
+    assert [d["rank_id"] for d in first["device"] + second["device"]] == [str(rank) for rank in range(8)]
+
+
+def test_job_started_from_another_node_makes_it_the_master() -> None:
+    plan = plan_from_dict(seed000_plan())
+    names = [server.host or server.host_ip for server in plan.servers]
+    table = ranktable.job_rank_table(plan, list(reversed(names)), 1)
+    assert [server["server_id"] for server in table["server_list"]] == [
+        plan.servers[1].host_ip,
+        plan.servers[0].host_ip,
+    ]
+    assert [server["device"][0]["rank_id"] for server in table["server_list"]] == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("nproc", "visible", "message"),
+    [
+        (4, "2,3,4,5", r"span both groups of four \(0-3 and 4-7\)"),
+        (4, "0,1", r"4 process\(es\) per node but 2 visible device\(s\)"),
+        (1, "0,0", "name a device twice"),
+        (1, "9", r"not among the 8 planned device\(s\) 0-7"),
+        (1, "a,b", "not a comma-separated list"),
+    ],
+)
+def test_job_devices_that_do_not_fit_are_refused_naming_the_node(
+    nproc: int, visible: str, message: str
+) -> None:
+    plan = plan_from_dict(seed000_plan())
+    name = plan.servers[0].host or plan.servers[0].host_ip
+    with pytest.raises(RankTableError, match=f"node {name}: .*{message}"):
+        ranktable.job_rank_table(plan, [name], nproc, visible={name: visible})
+
+
+def test_job_node_outside_the_plan_is_refused() -> None:
+    with pytest.raises(RankTableError, match="node 'server9' of the job is not a server of the plan"):
+        ranktable.job_rank_table(plan_from_dict(seed000_plan()), ["server9"], 1)

@@ -176,3 +176,27 @@ def test_unmodified_torchrun_script_runs_under_openmpi_variables(
         for proc in procs:
             proc.kill()
     assert outputs == ["rank 0 of 2 local 0 sum 3.0", "rank 1 of 2 local 1 sum 3.0"]
+
+
+def test_a_rank_that_cannot_use_the_jobs_accelerator_stops_naming_node_rank_and_reason(
+    script: Path, base_environ: dict[str, str]
+) -> None:
+    # No torch_npu here: a job on an npu cluster must fail, not train on cpu.
+    env = (
+        base_environ
+        | ompi(1, 2, 1, 2)
+        | {"MASTER_ADDR": "node0", "DDP_DEVICE": "npu", "DDP_NODE_NAME": "node7"}
+    )
+    result = run_module([str(script)], env, script.parent.parent)
+    assert result.returncode == 2
+    assert (
+        "node node7 rank 1/2: the job's device is npu (DDP_DEVICE) but device npu needs torch_npu"
+        in result.stderr
+    )
+    assert result.stdout == ""  # the script never ran
+
+
+def test_cpu_asked_on_purpose_runs_the_script(script: Path, base_environ: dict[str, str]) -> None:
+    env = base_environ | ompi(0, 1, 0, 1) | {"DDP_DEVICE": "cpu"}
+    result = run_module([str(script)], env, script.parent.parent)
+    assert result.returncode == 0, result.stderr

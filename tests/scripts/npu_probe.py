@@ -12,7 +12,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-WATCHED = ("LD_LIBRARY_PATH", "PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_OPP_PATH", "RANK_TABLE_FILE")
+WATCHED = ("LD_LIBRARY_PATH", "PATH", "RANK_TABLE_FILE", "DDP_DEVICE", "DDP_BACKEND", "DDP_LAUNCHER")
 
 
 def probe() -> dict[str, object]:

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -152,18 +153,23 @@ def test_train_across_servers(sim_cluster: PlaybookResult, launcher: str) -> Non
     assert (RUNS / job / "nodes" / "sim-server1").is_dir()
 
 
-def test_firewall_refuses_a_port_the_cluster_did_not_open(sim_cluster: PlaybookResult) -> None:
-    on_server("sim-server1", "ufw status | grep -q 'Status: active'")
+def test_firewall_lets_the_servers_through_and_keeps_everyone_else_out(sim_cluster: PlaybookResult) -> None:
+    rules = on_server("sim-server1", "ufw status").stdout
+    assert "Status: active" in rules
+    # Every port from each server of the cluster; sshd only from the controller (this machine, the bridge's gateway).
+    assert any(
+        line.split()[:1] == ["Anywhere"] and line.split()[-1] == "172.30.99.10" for line in rules.splitlines()
+    ), rules
+    assert any(line.startswith("22/tcp") and "172.30.99.1 " in line + " " for line in rules.splitlines()), rules
     subprocess.run(["docker", "exec", "-d", "sim-server1", "python3", "-m", "http.server", "9000"], check=True)
     time.sleep(1)
     try:
         probe = 'python3 -c "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 3)"'
-        # The listener answers on its own server, the cluster's port answers from the other server, 9000 does not.
-        on_server("sim-server1", f"{probe} 127.0.0.1 9000")
-        on_server("sim-server0", f"{probe} 172.30.99.11 12345")
-        refused = on_server("sim-server0", f"{probe} 172.30.99.11 9000", check=False)
-        assert refused.returncode != 0
-        assert "timed out" in refused.stderr or "refused" in refused.stderr, refused.stderr
+        # A port no one pinned (gloo and NCCL listen on such ports) answers the other server...
+        on_server("sim-server0", f"{probe} 172.30.99.11 9000")
+        # ...and not the controller, which is no server of the cluster.
+        with pytest.raises(OSError):
+            socket.create_connection(("172.30.99.11", 9000), 3).close()
     finally:
         on_server("sim-server1", "pkill -f 'http.server 9000'", check=False)
 
@@ -245,6 +251,27 @@ def test_changed_host_key_stops_site_naming_it(sim_cluster: PlaybookResult, heal
         on_server("sim-server1", "cp -a /root/keys.orig/ssh_host_* /etc/ssh/ && pkill -HUP -o -x sshd")
 
 
+def test_missing_interface_stops_site_naming_the_server_and_its_interfaces(
+    sim_cluster: PlaybookResult, healthy_again: None
+) -> None:
+    result = run_playbook("site.yml", {"cluster_network_interface": "ens9"}, inventory=SIM, cmdline="--tags preflight")
+    assert result.rc != 0
+    assert "sim-server1: has no interface ens9 (cluster_network_interface); its interfaces: lo eth0" in result.stdout, (
+        result.stdout[-3000:]
+    )
+
+
+def test_taken_port_stops_site_naming_the_server_and_the_port(sim_cluster: PlaybookResult, healthy_again: None) -> None:
+    subprocess.run(["docker", "exec", "-d", "sim-server1", "python3", "-m", "http.server", "29515"], check=True)
+    time.sleep(1)
+    try:
+        result = site()
+        assert_stopped_naming(result, "sim-server1: a port the cluster pins is taken")
+        assert ":29515" in result.stdout
+    finally:
+        on_server("sim-server1", "pkill -f 'http.server 29515'", check=False)
+
+
 def test_cluster_works_after_the_failures(sim_cluster: PlaybookResult, healthy_again: None) -> None:
     # sim-server1 was killed and started again: its engine restarted its node container (restart policy), with
     # the same host keys, so a job runs with no site.yml in between (sim-ascend's site.yml follows anyway).
@@ -272,29 +299,120 @@ def test_ascend_hosts_stage_runs_on_the_doubles(ascend_cluster: PlaybookResult) 
         assert on_node(server, "cat /etc/ddp-cluster/node/rank_table.json").stdout.count('"device_ip"') >= 2
 
 
+def test_ascend_node_gets_what_real_training_needs(ascend_cluster: PlaybookResult) -> None:
+    for server in SERVERS:
+        template = "'{{.HostConfig.IpcMode}} {{range .HostConfig.Ulimits}}{{.Name}}={{.Soft}} {{end}}'"
+        assert on_server(server, f"docker inspect -f {template} {server}").stdout.split() == [
+            "host",
+            "memlock=-1",
+            "stack=67108864",
+        ]
+        # npu-smi where ascend-docker-runtime mounts it, found on the host.
+        assert "Total Count" in on_node(server, "npu-smi info -l").stdout
+        assert on_node(server, "command -v npu-smi").stdout.strip() == "/usr/local/sbin/npu-smi"
+        # The base image's numpy 1.x (CANN's), not a wheel from the wheelhouse over it.
+        numpy = on_node(server, "python -c 'import numpy; print(numpy.__version__, numpy.__file__)'").stdout.split()
+        assert numpy[0] == "1.26.4" and numpy[1].startswith("/usr/local/lib/python3.11/dist-packages/"), numpy
+        # No whole-inventory rank table in every shell: each job sets its own.
+        assert on_node(server, 'echo "${RANK_TABLE_FILE:-unset}"').stdout.strip() == "unset"
+
+
+def npu_reports(job: str) -> list[dict[str, object]]:
+    """The npu_probe.py report of every rank, from the job's fetched logs (launcher prefixes allowed)."""
+    return [
+        json.loads(line.split("npu-probe ", 1)[1])
+        for log in sorted((RUNS / job / "logs").rglob("*.log"))
+        for line in log.read_text().splitlines()
+        if "npu-probe {" in line
+    ]
+
+
 def test_ascend_ranks_on_both_servers_import_torch_npu(ascend_cluster: PlaybookResult) -> None:
     job = job_id("npu")
-    result = train(job, SIM_ASCEND, nodes=2, script=str(REPO / "tests" / "scripts" / "npu_probe.py"))
+    result = train(
+        job, SIM_ASCEND, nodes=2, launcher="torch_npu_run", script=str(REPO / "tests" / "scripts" / "npu_probe.py")
+    )
     assert result.rc == 0, result.stdout[-5000:]
-    reports = [
-        json.loads(line.split("npu-probe ", 1)[1])
-        for log in sorted((RUNS / job / "logs").iterdir())
-        for line in log.read_text().splitlines()
-        if "npu-probe " in line
-    ]
+    reports = npu_reports(job)
     assert sorted(report["node"] for report in reports) == SERVERS
+    job_dir = f"/workspace/jobs/{job}"
     for report in reports:
         assert report["torch_npu"], report
         assert report["npu_count"] == 8
         assert report["ranks_with_torch_npu"] == 2
-        assert "/usr/local/Ascend/driver/lib64/driver" in report["env"]["LD_LIBRARY_PATH"]
-        assert "/usr/local/Ascend/ascend-toolkit/latest/bin" in report["env"]["PATH"]
+        env = report["env"]
+        assert env["DDP_DEVICE"] == "npu" and env["DDP_LAUNCHER"] == "torch_npu_run"
+        # The base image's library dirs first, the site's appended directory last.
+        assert env["LD_LIBRARY_PATH"].startswith(
+            "/usr/local/Ascend/driver/lib64/common:/usr/local/Ascend/driver/lib64/driver"
+        )
+        assert env["LD_LIBRARY_PATH"].endswith(":/opt/ddp-sim/lib64")
+        assert "/usr/local/Ascend/ascend-toolkit/latest/bin" in env["PATH"]
+        assert env["RANK_TABLE_FILE"] == f"{job_dir}/rank_table.json"
+        assert env["ASCEND_PROCESS_LOG_PATH"] == f"{job_dir}/ascend"
     # The rank started by docker exec and the one started by sshd see the same environment.
     assert reports[0]["env"] == reports[1]["env"]
+    table = json.loads((RUNS / job / "rank_table.json").read_text())
+    assert [server["server_id"] for server in table["server_list"]] == ["172.30.99.10", "172.30.99.11"]
+    # CANN's process logs came back with the job, from both servers.
+    for server in SERVERS:
+        assert list((RUNS / job / "nodes" / server / "ascend" / "plog").glob("plog-*.log")), server
 
 
-def test_ascend_default_job_trains_on_cpu_when_asked(ascend_cluster: PlaybookResult) -> None:
+def test_ascend_job_on_one_node_trains_on_cpu_when_asked_with_its_own_rank_table(
+    ascend_cluster: PlaybookResult,
+) -> None:
+    # torchrun with torch only in the base image's interpreter (python -m torch.distributed.run).
     job = job_id("npu-cpu")
-    result = train(job, SIM_ASCEND, nodes=2, script_args=QUICK + " --device cpu --backend gloo")
+    result = train(job, SIM_ASCEND, nodes=1, launcher="torchrun", device="cpu", script_args=QUICK)
     assert result.rc == 0, result.stdout[-5000:]
-    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
+    assert "device cpu (asked for, on this npu cluster)" in result.stdout
+    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 1
+    table = json.loads((RUNS / job / "rank_table.json").read_text())
+    assert table["server_count"] == "1"
+    assert [device["device_id"] for device in table["server_list"][0]["device"]] == ["0"]
+
+
+def test_ascend_rank_that_cannot_use_the_npu_fails_the_job_naming_it(ascend_cluster: PlaybookResult) -> None:
+    # The driver's library is gone on sim-server1: torch_npu cannot load there; no rank trains on cpu instead.
+    hal = "/usr/local/Ascend/driver/lib64/driver/libascend_hal.so"
+    on_server("sim-server1", f"mv {hal} {hal}.away")
+    try:
+        job = job_id("npu-broken")
+        result = train(job, SIM_ASCEND, nodes=2, script=str(REPO / "tests" / "scripts" / "npu_probe.py"))
+    finally:
+        on_server("sim-server1", f"mv {hal}.away {hal}")
+    assert result.rc != 0
+    assert (
+        "node sim-server1 rank 1/2: the job's device is npu (DDP_DEVICE) but device npu needs torch_npu"
+        in result.stdout
+    ), result.stdout[-5000:]
+    assert "libascend_hal.so" in result.stdout
+
+
+def test_ascend_taken_hccl_port_stops_site_naming_it(ascend_cluster: PlaybookResult) -> None:
+    subprocess.run(["docker", "exec", "-d", "sim-server1", "python3", "-m", "http.server", "60005"], check=True)
+    time.sleep(1)
+    try:
+        result = run_playbook("site.yml", inventory=SIM_ASCEND, cmdline="--tags preflight")
+        assert result.rc != 0
+        assert "sim-server1: a port the cluster pins is taken" in result.stdout and ":60005" in result.stdout
+        assert "60000-60015" in result.stdout
+    finally:
+        on_server("sim-server1", "pkill -f 'http.server 60005'", check=False)
+
+
+def test_ascend_requirements_that_would_shadow_the_base_numpy_are_refused(
+    ascend_cluster: PlaybookResult, tmp_path: Path
+) -> None:
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("numpy==2.4.6\nPyYAML==6.0.3\n")
+    result = run_playbook(
+        "site.yml",
+        {"training_image_requirements": str(requirements)},
+        inventory=SIM_ASCEND,
+        cmdline="--tags training_image_base",
+    )
+    assert result.rc != 0
+    assert "pins numpy==2.4.6, which the base image" in result.stdout and "ships as numpy==1.26.4" in result.stdout
+    assert "Nothing was built" in result.stdout

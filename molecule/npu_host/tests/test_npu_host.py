@@ -1,4 +1,4 @@
-"""What the npu_host role leaves on an Ascend host: kernel settings live and persistent, firewall, chip check."""
+"""What the npu_host role leaves on an Ascend host: kernel settings live and persistent, chip check."""
 
 import os
 
@@ -47,16 +47,6 @@ def test_the_file_alone_restores_the_settings(host, name):
     assert load.rc == 0, load.stderr
     assert host.sysctl("net.ipv4.ip_local_reserved_ports") == EXPECTED_RESERVED[name]
     assert host.sysctl("net.core.somaxconn") == 65535
-
-
-def test_firewall_opened_or_disabled_as_asked(host, name):
-    status = host.run("ufw status").stdout
-    if name == "npu-open":
-        assert "Status: active" in status
-        for port in ("12345/tcp", "29501/tcp", "29510:29519/tcp", "60000:60015/tcp"):
-            assert any(line.startswith(port) and "ALLOW" in line for line in status.splitlines()), status
-    else:
-        assert "Status: inactive" in status
 
 
 def test_chips_were_counted_with_npu_smi(host):

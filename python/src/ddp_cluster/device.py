@@ -3,12 +3,20 @@
 ``auto`` picks npu when torch_npu imports and sees devices, else cuda when available, else cpu. ``--device``
 and ``--backend`` override; a combination that cannot work (hccl on cpu, npu without torch_npu) is refused
 with a plain message before any process group starts.
+
+A job started by ``train.yml`` never relies on ``auto``: it exports the cluster's device as ``DDP_DEVICE``
+(cpu, cuda or npu; cpu on an accelerator cluster only when the user asked for it), which is the entrypoint's
+default and which :func:`require_device` checks before a user's script runs, so a rank that cannot use the
+accelerator fails naming its node, its rank and the reason instead of training on cpu.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import socket
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +27,9 @@ from ddp_cluster.errors import DeviceError
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "hccl")
 DEFAULT_BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+# The job's device, exported by train.yml to every rank (and read by user scripts); DDP_BACKEND likewise.
+DEVICE_VARIABLE = "DDP_DEVICE"
+BACKEND_VARIABLE = "DDP_BACKEND"
 # Which backends can move tensors of which device type.
 SUPPORTED_BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "npu": ("hccl",)}
 
@@ -30,6 +41,7 @@ class Accelerators:
     cuda_count: int
     npu_count: int
     npu_error: str | None  # None when torch_npu imported
+    cuda_error: str | None = None  # why CUDA is unusable, as torch warned it (a driver too old, for example)
 
 
 @dataclass(frozen=True)
@@ -58,8 +70,13 @@ def detect_accelerators(probe_npu: bool) -> Accelerators:
             npu_error = f"{type(error).__name__}: {error}"
     else:
         npu_error = "not probed"
-    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return Accelerators(cuda_count=cuda_count, npu_count=npu_count, npu_error=npu_error)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda_error = "; ".join(str(item.message).strip() for item in caught) or None
+    return Accelerators(
+        cuda_count=cuda_count, npu_count=npu_count, npu_error=npu_error, cuda_error=cuda_error
+    )
 
 
 def choose_placement(device: str, backend: str, env: DistEnv, found: Accelerators) -> Placement:
@@ -79,12 +96,20 @@ def choose_placement(device: str, backend: str, env: DistEnv, found: Accelerator
         )
     if kind == "npu" and found.npu_error is not None:
         raise DeviceError(
-            "--device npu needs torch_npu (the Ascend adapter for PyTorch, with CANN), which did not import "
-            f"({found.npu_error}); install it, or choose --device cpu|cuda"
+            "device npu needs torch_npu (the Ascend adapter for PyTorch, with CANN), which did not import "
+            f"({found.npu_error}): check the CANN base image and the driver mounts (LD_LIBRARY_PATH), "
+            "or train "
+            "on cpu on purpose (train.yml -e device=cpu, or --device cpu)"
         )
     count = {"cpu": 0, "cuda": found.cuda_count, "npu": found.npu_count}[kind]
     if kind != "cpu" and count == 0:
-        raise DeviceError(f"--device {kind} was asked for but no {kind} device is visible to this process")
+        reason = f" ({found.cuda_error})" if kind == "cuda" and found.cuda_error else ""
+        raise DeviceError(
+            f"device {kind} was asked for but no {kind} device is visible to this process{reason}: check the "
+            "driver, the container's devices and CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, "
+            "or train on "
+            "cpu on purpose (train.yml -e device=cpu, or --device cpu)"
+        )
     chosen = DEFAULT_BACKEND[kind] if backend == "auto" else backend
     if chosen not in SUPPORTED_BACKENDS[kind]:
         raise DeviceError(
@@ -110,6 +135,30 @@ def select_placement(device: str, backend: str, env: DistEnv) -> Placement:
     else:
         _share_cpu_cores(env)
     return placement
+
+
+def requested_device(environ: Mapping[str, str] | None = None) -> str:
+    """The job's device from DDP_DEVICE (train.yml exports it), else ``auto``; DeviceError for a bad value."""
+    value = (os.environ if environ is None else environ).get(DEVICE_VARIABLE, "").strip()
+    if not value:
+        return "auto"
+    if value not in DEVICE_CHOICES:
+        raise DeviceError(f"{DEVICE_VARIABLE}={value!r} is not one of {', '.join(DEVICE_CHOICES)}")
+    return value
+
+
+def where(env: DistEnv | None, environ: Mapping[str, str] | None = None) -> str:
+    """``node NAME rank R/W`` for messages: the node from DDP_NODE_NAME (node environment), else the host."""
+    variables = os.environ if environ is None else environ
+    node = variables.get("DDP_NODE_NAME") or socket.gethostname()
+    return f"node {node} rank {env.rank}/{env.world_size}" if env is not None else f"node {node}"
+
+
+def require_device(device: str, env: DistEnv) -> Placement:
+    """Check that this process can use ``device`` (the job's accelerator) before a script runs; DeviceError
+    with the reason when it cannot. Nothing is initialised: the script picks its device itself."""
+    found = detect_accelerators(probe_npu=device in ("auto", "npu"))
+    return choose_placement(device, "auto", env, found)
 
 
 def _share_cpu_cores(env: DistEnv) -> None:

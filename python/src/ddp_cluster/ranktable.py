@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,107 @@ def rank_table(
         "server_list": server_list,
         "status": "completed",
     }
+
+
+def job_devices(visible: str | Sequence[int] | None, nproc_per_node: int, planned: int) -> list[int]:
+    """The devices a job's processes use on one server: the first ``nproc_per_node`` of the visible ones.
+
+    ``visible`` is ASCEND_RT_VISIBLE_DEVICES (``"4,5,6,7"``) or a list; empty or None: every planned device.
+    Local rank i uses the i-th visible device, so that is what the table lists for it (physical device ids, as
+    hccl_tools.py's ``--visible_devices`` writes them). Atlas training servers keep 2 or 4 devices inside one
+    group of four (0-3 or 4-7; seed 002); that rule is checked by :func:`job_rank_table`.
+    """
+    if visible is None or (isinstance(visible, str) and not visible.strip()):
+        ids = list(range(planned))
+    elif isinstance(visible, str):
+        try:
+            ids = [int(part) for part in visible.split(",") if part.strip()]
+        except ValueError:
+            raise RankTableError(
+                f"visible devices {visible!r} are not a comma-separated list of device ids"
+            ) from None
+    else:
+        ids = [int(part) for part in visible]
+    if len(set(ids)) != len(ids):
+        raise RankTableError(f"visible devices {ids} name a device twice")
+    beyond = [device for device in ids if not 0 <= device < planned]
+    if beyond:
+        raise RankTableError(
+            f"visible devices {beyond} are not among the {planned} planned device(s) 0-{planned - 1}"
+        )
+    if nproc_per_node < 1 or nproc_per_node > len(ids):
+        raise RankTableError(
+            f"{nproc_per_node} process(es) per node but {len(ids)} visible device(s) {ids}: "
+            "one process per NPU"
+        )
+    return ids[:nproc_per_node]
+
+
+def job_rank_table(
+    plan: Plan,
+    nodes: Sequence[str],
+    nproc_per_node: int,
+    visible: Mapping[str, str | Sequence[int] | None] | None = None,
+    host_nic_ip: str | None = HOST_NIC_IP_RESERVED,
+) -> dict[str, Any]:
+    """The rank table of one job: its own servers in job order (the first is the master, rank 0), and on
+    each the devices its processes use (:func:`job_devices`), ranks ascending.
+
+    ``nodes`` are host names or addresses of the plan; ``visible`` maps a node to its
+    ASCEND_RT_VISIBLE_DEVICES. The whole plan is checked first (device addresses of servers outside the job
+    still must not clash); RankTableError names what does not fit.
+    """
+    blocking = errors(check_plan(plan))
+    if blocking:
+        lines = "\n".join(f"  {violation}" for violation in blocking)
+        raise RankTableError(f"the plan breaks {len(blocking)} rule(s):\n{lines}", blocking)
+    if not nodes:
+        raise RankTableError("the job has no nodes")
+    if len(set(nodes)) != len(nodes):
+        raise RankTableError(f"the job names a node twice: {', '.join(nodes)}")
+    by_name = {name: server for server in plan.servers for name in (server.host, server.host_ip) if name}
+    server_list: list[dict[str, Any]] = []
+    rank = 0
+    for node in nodes:
+        server = by_name.get(node)
+        if server is None:
+            raise RankTableError(
+                f"node {node!r} of the job is not a server of the plan ({', '.join(by_name)})"
+            )
+        try:
+            devices = job_devices((visible or {}).get(node), nproc_per_node, len(server.device_ips))
+        except RankTableError as error:
+            raise RankTableError(f"node {node}: {error}") from None
+        if plan.product == "atlas-training" and len(devices) in (2, 4):
+            groups = {device // 4 for device in devices}
+            if len(groups) > 1:
+                raise RankTableError(
+                    f"node {node}: devices {devices} span both groups of four (0-3 and 4-7); Atlas training "
+                    "servers run 2 or 4 processes inside one group: set ASCEND_RT_VISIBLE_DEVICES accordingly"
+                )
+        entries = []
+        for device in devices:
+            entries.append(
+                {"device_id": str(device), "device_ip": server.device_ips[device], "rank_id": str(rank)}
+            )
+            rank += 1
+        entry: dict[str, Any] = {"server_id": server.host_ip, "device": entries}
+        if host_nic_ip is not None:
+            entry["host_nic_ip"] = host_nic_ip
+        server_list.append(entry)
+    return {
+        "version": RANK_TABLE_VERSION,
+        "server_count": str(len(server_list)),
+        "server_list": server_list,
+        "status": "completed",
+    }
+
+
+def job_rank_table_dict(
+    data: Any, nodes: Sequence[str], nproc_per_node: int, visible: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """job_rank_table for plain plan data, as an Ansible filter plugin calls it."""
+    return job_rank_table(plan_from_dict(data), list(nodes), int(nproc_per_node), visible)
 
 
 def rank_table_dict(data: Any, master: str | None = None) -> dict[str, Any]:

@@ -4,6 +4,9 @@ The distributed environment is resolved from OpenMPI or Slurm variables (see :mo
 variables torchrun would have set (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 MASTER_PORT) are exported, and SCRIPT runs in this same process as ``__main__`` with ``sys.argv`` set, so an
 unmodified script that calls ``init_process_group("env://")`` just works. ``-m MODULE`` runs a module instead.
+When ``DDP_DEVICE`` names an accelerator (train.yml exports the cluster's), the rank checks first that it can
+use it and stops naming its node, rank and the reason when it cannot. Under torchrun the variables are
+torchrun's own.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddp_cluster.distenv import resolve_dist_env
-from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.errors import DdpClusterError, DeviceError
 
 USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
@@ -25,6 +28,23 @@ def export_torchrun_variables() -> dict[str, str]:
     variables = resolve_dist_env().torchrun_variables()
     os.environ.update(variables)
     return variables
+
+
+def check_job_device() -> None:
+    """When the job names its device (DDP_DEVICE, exported by train.yml), check that this rank can use it
+    before the script runs: a rank that cannot fails naming its node, its rank and the reason, instead of
+    a script quietly training on cpu. Imports torch only for an accelerator."""
+    environ = os.environ
+    device = environ.get("DDP_DEVICE", "").strip()
+    if device in ("", "cpu", "auto"):
+        return
+    from ddp_cluster.device import require_device, where  # torch is needed from here on
+
+    env = resolve_dist_env()
+    try:
+        require_device(device, env)
+    except DdpClusterError as error:
+        raise DeviceError(f"{where(env)}: the job's device is {device} (DDP_DEVICE) but {error}") from error
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         export_torchrun_variables()
+        check_job_device()
     except DdpClusterError as error:
         print(f"ddp_cluster.run: error: {error}", file=sys.stderr)
         return 2

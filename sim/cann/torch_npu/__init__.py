@@ -29,6 +29,27 @@ if _library_on_path(_DRIVER_LIBRARY) is None:
 import torch  # noqa: E402  (after the driver check, as the real package loads its libraries first)
 
 
+def _write_plog() -> None:
+    """As CANN does: a process log under $ASCEND_PROCESS_LOG_PATH/plog (default ~/ascend/log/plog)."""
+    import time
+
+    root = os.environ.get("ASCEND_PROCESS_LOG_PATH") or os.path.join(os.path.expanduser("~"), "ascend", "log")
+    directory = os.path.join(root, "plog")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        stamp = time.strftime("%Y%m%d%H%M%S")
+        with open(os.path.join(directory, f"plog-{os.getpid()}_{stamp}.log"), "a", encoding="utf-8") as log:
+            log.write(
+                f"[INFO] ASCENDCL({os.getpid()},python):{time.strftime('%Y-%m-%d-%H:%M:%S')} "
+                "torch_npu stand-in loaded\n"
+            )
+    except OSError:
+        pass
+
+
+_write_plog()
+
+
 def _visible_devices() -> list[int]:
     present = sorted(int(path[len("/dev/davinci") :]) for path in glob.glob("/dev/davinci[0-9]*"))
     visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES", "").strip()
@@ -49,3 +70,5 @@ def is_available() -> bool:
 npu = types.SimpleNamespace(device_count=device_count, is_available=is_available, stand_in=True)
 torch.npu = npu  # type: ignore[attr-defined]
 library_path = _library_on_path(_DRIVER_LIBRARY)
+
+from torch_npu import distributed  # noqa: E402,F401  (registers parallel://, as the real package does)

@@ -1,0 +1,143 @@
+"""The job launcher's filters (plugins/filter/ddp_job.py): launch argv per launcher and accelerator, the node
+probe, the networks mpirun keeps to, the job's own rank table. No containers needed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("ddp_job_filters", REPO / "plugins" / "filter" / "ddp_job.py")
+assert _spec is not None and _spec.loader is not None
+filters = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(filters)
+
+JOB_DIR = "/workspace/jobs/j1"
+
+
+def plan(**changes: Any) -> dict[str, Any]:
+    base = {
+        "id": "j1",
+        "nodes": ["sim-server0", "sim-server1"],
+        "nproc_per_node": 2,
+        "launcher": "mpirun",
+        "script": "",
+        "script_args": ["--epochs", "2"],
+        "resume_checkpoint": "",
+        "master_port": 29501,
+        "device": "cpu",
+        "accelerator": "cpu",
+        "hccl_init": "rank_table",
+    }
+    return base | changes
+
+
+def exported(argv: list[str]) -> dict[str, str]:
+    pairs = [argv[i + 1] for i, part in enumerate(argv) if part == "-x" and "=" in argv[i + 1]]
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def mca(argv: list[str], name: str) -> str:
+    return next(argv[i + 2] for i, part in enumerate(argv) if part == "--mca" and argv[i + 1] == name)
+
+
+def test_every_rank_gets_the_jobs_device_backend_and_launcher() -> None:
+    variables = exported(filters.ddp_launch_argv(plan(device="cuda", accelerator="gpu"), JOB_DIR, ["10.0.0.0/24"]))
+    assert variables["DDP_DEVICE"] == "cuda"
+    assert variables["DDP_BACKEND"] == "nccl"
+    assert variables["DDP_LAUNCHER"] == "mpirun"
+    assert "RANK_TABLE_FILE" not in variables and "ASCEND_PROCESS_LOG_PATH" not in variables
+
+
+def test_npu_job_gets_its_own_rank_table_and_ascend_logs_in_the_job_directory() -> None:
+    variables = exported(filters.ddp_launch_argv(plan(device="npu", accelerator="npu"), JOB_DIR, ["10.0.0.0/24"]))
+    assert variables["RANK_TABLE_FILE"] == f"{JOB_DIR}/rank_table.json"
+    assert variables["ASCEND_PROCESS_LOG_PATH"] == f"{JOB_DIR}/ascend"
+    assert variables["DDP_BACKEND"] == "hccl"
+
+
+def test_master_addr_mode_sets_no_rank_table() -> None:
+    argv = filters.ddp_launch_argv(plan(device="npu", accelerator="npu", hccl_init="master_addr"), JOB_DIR, ["x/24"])
+    assert "RANK_TABLE_FILE" not in exported(argv)
+
+
+def test_cpu_on_an_npu_cluster_when_asked_keeps_the_ascend_logs_but_trains_on_gloo() -> None:
+    variables = exported(filters.ddp_launch_argv(plan(device="cpu", accelerator="npu"), JOB_DIR, ["10.0.0.0/24"]))
+    assert (variables["DDP_DEVICE"], variables["DDP_BACKEND"]) == ("cpu", "gloo")
+    assert variables["ASCEND_PROCESS_LOG_PATH"] == f"{JOB_DIR}/ascend"
+
+
+def test_mpirun_keeps_to_the_nodes_networks_not_an_interface_name() -> None:
+    argv = filters.ddp_launch_argv(plan(), JOB_DIR, ["172.30.99.0/24", "10.1.0.0/16"])
+    assert mca(argv, "btl_tcp_if_include") == "172.30.99.0/24,10.1.0.0/16"
+    assert mca(argv, "oob_tcp_if_include") == "172.30.99.0/24,10.1.0.0/16"
+
+
+def test_a_users_script_runs_through_ddp_cluster_run_under_every_launcher() -> None:
+    for launcher in ("mpirun", "torchrun", "torch_npu_run"):
+        argv = filters.ddp_launch_argv(plan(launcher=launcher, script="/home/u/train_me.py"), JOB_DIR, ["n/24"])
+        tail = argv[argv.index("ddp_cluster.run") - 1 :]
+        assert tail == ["-m", "ddp_cluster.run", f"{JOB_DIR}/train_me.py", "--epochs", "2"], launcher
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "torch_npu_run"])
+def test_torchrun_like_launchers_run_one_agent_per_node_with_the_runner_named(launcher: str) -> None:
+    argv = filters.ddp_launch_argv(plan(launcher=launcher), JOB_DIR, ["n/24"])
+    assert argv[argv.index("-np") + 1] == "2"
+    assert argv[argv.index("ddp_cluster.torchrun_agent") + 1 : argv.index("ddp_cluster.torchrun_agent") + 3] == [
+        "--runner",
+        launcher,
+    ]
+    assert argv[argv.index("--master-addr") + 1] == "sim-server0"
+
+
+def test_unknown_launcher_or_device_or_no_network_is_refused() -> None:
+    with pytest.raises(AnsibleFilterError, match="launcher='deepspeed' is unknown"):
+        filters.ddp_launch_argv(plan(launcher="deepspeed"), JOB_DIR, ["n/24"])
+    with pytest.raises(AnsibleFilterError, match="device='gpu' is unknown"):
+        filters.ddp_launch_argv(plan(device="gpu"), JOB_DIR, ["n/24"])
+    with pytest.raises(AnsibleFilterError, match="no cluster network"):
+        filters.ddp_launch_argv(plan(), JOB_DIR, [])
+
+
+def test_probe_and_networks() -> None:
+    probe = filters.ddp_job_probe(
+        "interface: eth1\naddress: 172.30.99.10/24\naddress: 10.1.2.3/16\nlistening: LISTEN 0 128 *:29501 *:*\n"
+    )
+    assert probe == {
+        "interface": "eth1",
+        "addresses": ["172.30.99.10/24", "10.1.2.3/16"],
+        "listening": "LISTEN 0 128 *:29501 *:*",
+    }
+    assert filters.ddp_job_probe("interface: eth9\nlistening: \n") == {
+        "interface": "eth9",
+        "addresses": [],
+        "listening": "",
+    }
+    assert filters.ddp_job_networks(["172.30.99.10/24", "172.30.99.11/24", "10.1.2.3/16"]) == [
+        "172.30.99.0/24",
+        "10.1.0.0/16",
+    ]
+    with pytest.raises(AnsibleFilterError, match="not an address with a prefix"):
+        filters.ddp_job_networks(["eth0"])
+
+
+def test_the_jobs_rank_table_filter_gives_the_tables_text() -> None:
+    data = {
+        "product": "atlas-training",
+        "netmask": "255.255.255.0",
+        "servers": [
+            {"host": "s0", "host_ip": "10.0.0.10", "device_ip_seed": "192.168.100.101"},
+            {"host": "s1", "host_ip": "10.0.0.11", "device_ip_seed": "192.168.100.111"},
+        ],
+    }
+    table = json.loads(filters.ddp_job_rank_table(data, ["s1"], 4, {"s1": "0,1,2,3"}))
+    assert table["server_count"] == "1"
+    assert table["server_list"][0]["server_id"] == "10.0.0.11"
+    with pytest.raises(AnsibleFilterError, match=r"node s1: .*span both groups"):
+        filters.ddp_job_rank_table(data, ["s1"], 4, {"s1": "2,3,4,5"})
