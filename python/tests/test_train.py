@@ -210,8 +210,15 @@ def test_progress_bar_on_a_terminal_plain_lines_otherwise(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("args", "environ", "message"),
     [
-        (["--device", "npu"], {}, "--device npu needs torch_npu"),
+        (["--device", "npu"], {}, "device npu needs torch_npu"),
         (["--device", "cuda"], {}, "no cuda device is visible"),
+        # The job's device from train.yml: no silent fallback to cpu, and the message names node and rank.
+        (
+            [],
+            {"DDP_DEVICE": "npu", "DDP_NODE_NAME": "node3"},
+            "node node3 rank 0/1: error: device npu needs torch_npu",
+        ),
+        ([], {"DDP_DEVICE": "cuda"}, "no cuda device is visible"),
         (["--backend", "nccl"], {}, "--backend nccl cannot run on cpu tensors"),
         (["--dataset", "mnist"], {}, "dataset file train-images-idx3-ubyte not found"),
         (

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
+import os
 import random
 import sys
 import time
@@ -36,9 +38,16 @@ except ImportError as missing:  # the controller installs the package without to
 
 from ddp_cluster import checkpoint as ckpt
 from ddp_cluster.data import DATASETS, Data, load_dataset
-from ddp_cluster.device import BACKEND_CHOICES, DEVICE_CHOICES, Placement, select_placement
+from ddp_cluster.device import (
+    BACKEND_CHOICES,
+    DEVICE_CHOICES,
+    Placement,
+    requested_device,
+    select_placement,
+    where,
+)
 from ddp_cluster.distenv import DistEnv, resolve_dist_env
-from ddp_cluster.errors import CheckpointError, DdpClusterError
+from ddp_cluster.errors import CheckpointError, DdpClusterError, DeviceError
 from ddp_cluster.models import build_model
 from ddp_cluster.report import Reporter
 
@@ -110,7 +119,12 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         "--seed", type=int, default=0, help="model init, data order and synthetic data (default 0)"
     )
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
-    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
+    p.add_argument(
+        "--device",
+        choices=DEVICE_CHOICES,
+        default=None,
+        help="default: DDP_DEVICE (train.yml sets the cluster's accelerator), else auto",
+    )
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="mnist/cifar10 files (default ./data)")
     p.add_argument("--checkpoint-keep", type=int, default=3, help="keep the newest K checkpoints (default 3)")
     p.add_argument("--synthetic-samples", type=int, default=4096, help="training samples of 'synthetic'")
@@ -124,6 +138,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
             p.error(f"--{name.replace('_', '-')} must be at least {minimum}, not {getattr(args, name)}")
     if args.lr <= 0 or args.num_workers < 0 or args.dist_timeout <= 0:
         p.error("--lr and --dist-timeout must be positive, --num-workers not negative")
+    if args.device is None:
+        try:
+            args.device = requested_device()
+        except DeviceError as error:
+            p.error(str(error))
     return TrainConfig(**vars(args))
 
 
@@ -148,7 +167,7 @@ def process_group(env: DistEnv, placement: Placement, timeout_s: float) -> Itera
         store = dist.HashStore()  # type: ignore[attr-defined]
         dist.init_process_group(placement.backend, store=store, rank=0, world_size=1, timeout=timeout)
     else:
-        init = f"tcp://{_host_for_url(env.master_addr)}:{env.master_port}"
+        init = f"{_init_scheme()}://{_host_for_url(env.master_addr)}:{env.master_port}"
         dist.init_process_group(
             placement.backend, init_method=init, rank=env.rank, world_size=env.world_size, timeout=timeout
         )
@@ -165,6 +184,16 @@ def process_group(env: DistEnv, placement: Placement, timeout_s: float) -> Itera
                 dist.barrier(device_ids=placement.device_ids if placement.kind == "cuda" else None)
         finally:
             dist.destroy_process_group()
+
+
+def _init_scheme() -> str:
+    """``parallel`` under torch_npu_run (its agent's ParallelStore; torch_npu registers the scheme, as the
+    vendor documents), else ``tcp``."""
+    under_npu_run = os.environ.get("DDP_LAUNCHER") == "torch_npu_run"
+    if os.environ.get("TORCH_NPU_ELASTIC_USE_AGENT_STORE") or under_npu_run:
+        importlib.import_module("torch_npu")
+        return "parallel"
+    return "tcp"
 
 
 def _host_for_url(host: str) -> str:
@@ -508,8 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with process_group(env, placement, config.dist_timeout):
             train(config, env, placement, data)
     except DdpClusterError as error:
-        where = f"[rank {env.rank}/{env.world_size}] " if env else ""
-        print(f"{where}ddp_cluster.train: error: {error}", file=sys.stderr, flush=True)
+        print(f"ddp_cluster.train: {where(env)}: error: {error}", file=sys.stderr, flush=True)
         return 2
     return 0
 

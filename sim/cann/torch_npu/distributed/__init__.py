@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.distributed import rendezvous as _rendezvous
+import importlib
+
+# The module (torch.distributed.rendezvous is also the name of a function there).
+_rendezvous: Any = importlib.import_module("torch.distributed.rendezvous")
 
 _SCHEME = "parallel"
 
