@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import uuid
@@ -82,11 +83,24 @@ def test_user_script_runs_unmodified(local_cluster: PlaybookResult, launcher: st
         ({"nodes": -1}, "nodes=-1 is not a whole number of 1 or more"),
         ({"nodes": "two"}, "nodes=two is not a whole number of 1 or more"),
         ({"nodes": 3}, "nodes=3 is more than the 2 nodes of the inventory"),
-        ({"nodes": 2, "launcher": "horovodrun"}, "launcher=horovodrun must be mpirun or torchrun"),
+        ({"nodes": 2, "launcher": "horovodrun"}, "launcher=horovodrun must be mpirun, torchrun or torch_npu_run"),
+        ({"nodes": 2, "launcher": "torch_npu_run"}, "launcher=torch_npu_run needs torch_npu: it is for npu clusters"),
+        ({"nodes": 2, "device": "gpu"}, "device=gpu must be cpu, cuda or npu"),
         ({"nodes": 2, "script": "/nonexistent/train.py"}, "script=/nonexistent/train.py does not exist"),
         ({"nodes": 2, "job_timeout": "soon"}, "job_timeout=soon must be a whole number"),
     ],
-    ids=["missing", "zero", "negative", "not-a-number", "too-many", "launcher", "script", "timeout"],
+    ids=[
+        "missing",
+        "zero",
+        "negative",
+        "not-a-number",
+        "too-many",
+        "launcher",
+        "npu-launcher",
+        "device",
+        "script",
+        "timeout",
+    ],
 )
 def test_bad_request_is_refused_before_anything_starts(
     local_cluster: PlaybookResult, extravars: dict[str, object], message: str
@@ -164,3 +178,14 @@ def test_dead_node_fails_the_job_and_resume_finishes_it(local_cluster: PlaybookR
     done = summary(resumed_job)
     assert done["epochs"] == 8
     assert done["resumed_from"] is not None
+
+
+def test_accelerator_a_rank_cannot_use_fails_the_job_naming_node_rank_and_reason(local_cluster: PlaybookResult) -> None:
+    # No GPU here: asking for cuda must fail the job, never train on cpu instead.
+    job = job_id("no-gpu")
+    result = train(job, nodes=2, device="cuda", script_args=QUICK)
+    assert result.rc != 0
+    assert re.search(
+        r"node node[01] rank [01]/2: error: device cuda was asked for but no cuda device", result.stdout
+    ), result.stdout[-3000:]
+    assert not (RUNS / job / "summary.json").exists()
