@@ -106,14 +106,18 @@ def test_resume_without_checkpoint_starts_fresh_and_says_so(
     assert summary(tmp_path)["resumed_from"] is None and summary(tmp_path)["epochs"] == 1
 
 
-def test_resume_when_already_done_trains_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("epochs", ["2", "1"])
+def test_resume_with_epochs_not_above_the_checkpoint_is_an_error_naming_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], epochs: str
+) -> None:
     assert train(tmp_path, "--epochs", "2") == 0
     before = summary(tmp_path)
-    assert train(tmp_path, "--epochs", "2", "--resume") == 0
-    after = summary(tmp_path)
-    assert after["samples"] == 0 and after["samples_per_s"] is None
-    assert after["accuracy"] == before["accuracy"] and after["params_sha256"] == before["params_sha256"]
-    assert after["checkpoint"] == "checkpoints/epoch-00002.ckpt"
+    capsys.readouterr()
+    assert train(tmp_path, "--epochs", epochs, "--resume") == 2
+    err = capsys.readouterr().err
+    assert f"--epochs {epochs} is not above the checkpoint's epoch 2 (checkpoints/epoch-00002.ckpt)" in err
+    assert "ask for --epochs 3 or more" in err
+    assert summary(tmp_path) == before  # nothing was trained or rewritten
 
 
 def test_fresh_run_refuses_a_directory_with_checkpoints(

@@ -4,7 +4,9 @@ Runs as one process per device under torchrun, mpirun (OpenMPI) or srun (Slurm),
 is per process: the global batch is ``batch_size * world_size``. Writes ``DIR/metrics.jsonl``,
 ``DIR/summary.json`` and ``DIR/checkpoints/`` (rank 0 only); see :mod:`ddp_cluster.report` for what each rank
 prints. ``--resume`` continues from the newest checkpoint and says which; without a checkpoint it says so and
-starts from scratch. A run without ``--resume`` refuses a directory that already holds checkpoints.
+starts from scratch; with ``--epochs`` at or below the checkpoint's epoch it stops with an error naming both
+(``--epochs`` is the total to reach, and a resumed run that trains nothing is a mistake, not a success).
+A run without ``--resume`` refuses a directory that already holds checkpoints.
 """
 
 from __future__ import annotations
@@ -407,6 +409,13 @@ def prepare(
     found = agree_on_start(config, env)
     if found is not None:
         resumed = restore(raw_model, optimizer, *found, config, reporter)
+        if resumed.epoch >= config.epochs:
+            # Every rank restored the same checkpoint, so every rank stops here together.
+            raise CheckpointError(
+                f"--epochs {config.epochs} is not above the checkpoint's epoch {resumed.epoch} "
+                f"({_relative(resumed.path, config.output_dir)}): --epochs is the total to reach, so nothing "
+                f"would train; ask for --epochs {resumed.epoch + 1} or more to continue"
+            )
         reporter.line(f"resuming from {resumed.path} (epoch {resumed.epoch}, step {resumed.step})")
     elif config.resume:
         reporter.main_line(f"--resume: no checkpoint in {config.checkpoint_dir}, starting from scratch")
