@@ -160,3 +160,14 @@ def test_rank_table_json_keeps_the_vendor_key_order() -> None:
     assert list(table) == ["version", "server_count", "server_list", "status"]
     assert [s["server_id"] for s in table["server_list"]] == ["10.10.0.11", "10.10.0.10"]
     assert text.endswith("}\n")
+
+
+def test_node_addresses_are_ip_addresses_names_resolved_on_the_controller() -> None:
+    hostvars = {
+        "a": {"ansible_host": "10.0.0.5"},
+        "b": {"ansible_host": "localhost"},
+        "c": {"node_container_address": "10.1.0.7", "ansible_host": "10.0.0.7"},
+    }
+    assert filters.node_addresses(hostvars, ["a", "b", "c"]) == {"a": "10.0.0.5", "b": "127.0.0.1", "c": "10.1.0.7"}
+    with pytest.raises(AnsibleFilterError, match=r"d: its address 'no-such-host\.invalid' .* does not resolve"):
+        filters.node_addresses({"d": {"ansible_host": "no-such-host.invalid"}}, ["d"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -386,16 +387,34 @@ def port_ranges(*specs: Any) -> str:
 
 
 def node_addresses(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> dict[str, str]:
-    """Where each node is reached on a host network: its node_container_address, else ansible_host, else its name.
+    """Where each node is reached on a host network, as an IP address: its node_container_address, else
+    ansible_host, else its name; a name is resolved on the controller (IPv4 first), since /etc/hosts entries and
+    firewall rules take addresses. Preflight then checks on each server that the address is on its interface.
 
     Role defaults are not in hostvars, so an inventory's own setting is read here with the role's fallback order.
     """
     addresses = {}
     for host in hosts:
         variables = hostvars[host]
-        address = _host_var(variables, "node_container_address") or _host_var(variables, "ansible_host") or host
-        addresses[str(host)] = str(address)
+        address = str(_host_var(variables, "node_container_address") or _host_var(variables, "ansible_host") or host)
+        addresses[str(host)] = _resolve(str(host), address)
     return addresses
+
+
+def _resolve(host: str, address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise AnsibleFilterError(
+            f"{host}: its address {address!r} (node_container_address, else ansible_host, else the host's name) "
+            f"does not resolve on the controller ({error}): give the server's IP address"
+        ) from error
+    found.sort(key=lambda entry: entry[0] != socket.AF_INET)
+    return str(found[0][4][0])
 
 
 class FilterModule:

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+try:
+    from ddp_cluster import tls
+except ImportError:  # a checkout without the package installed: use the sources next to this plugin
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
+    from ddp_cluster import tls
 
 
 def ddp_key_lines(text: Any) -> dict[str, list[str]]:
@@ -16,6 +25,31 @@ def ddp_key_lines(text: Any) -> dict[str, list[str]]:
     return found
 
 
+def _device_blocks(text: str) -> dict[int, str]:
+    """``== N`` headed blocks (one per device) of the preflight's TLS probe."""
+    blocks: dict[int, str] = {}
+    for block in str(text or "").split("== ")[1:]:
+        head, _, body = block.partition("\n")
+        if head.strip().isdigit():
+            blocks[int(head.strip())] = body
+    return blocks
+
+
+def ddp_tls_verdict(outputs: Mapping[str, Any], required: Any = None) -> dict[str, Any]:
+    """The cluster's TLS switches from each host's probe output ({host: text of ``== N`` blocks}): the
+    majority (or the required value) and the odd devices as lines."""
+    want = None if required in (None, "") else int(required)
+    blocks = {str(host): _device_blocks(text) for host, text in outputs.items()}
+    verdict = tls.tls_verdict(blocks, want)
+    unread = [f"{host}: no device's TLS switch could be read" for host, devices in blocks.items() if not devices]
+    return {
+        "ok": verdict.ok and not unread,
+        "majority": verdict.majority,
+        "lines": unread + verdict.lines(),
+        "fix": tls.FIX,
+    }
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"ddp_key_lines": ddp_key_lines}
+        return {"ddp_key_lines": ddp_key_lines, "ddp_tls_verdict": ddp_tls_verdict}

@@ -396,6 +396,19 @@ def test_ascend_taken_hccl_port_stops_site_naming_it(ascend_cluster: PlaybookRes
         on_server("sim-server1", "pkill -f 'http.server 60005'", check=False)
 
 
+def test_ascend_mixed_tls_stops_site_naming_the_device(ascend_cluster: PlaybookResult) -> None:
+    tool = "/usr/local/Ascend/driver/tools/hccn_tool"
+    on_server("sim-server1", f"{tool} -i 3 -tls -s enable 1")
+    try:
+        result = run_playbook("site.yml", inventory=SIM_ASCEND, cmdline="--tags preflight")
+    finally:
+        on_server("sim-server1", f"{tool} -i 3 -tls -s enable 0")
+    flat = " ".join(result.stdout.split())
+    assert result.rc != 0
+    assert "NPU devices differ in their TLS setting" in flat, result.stdout[-3000:]
+    assert "Most devices have 0; these differ: sim-server1 device 3: tls switch 1 (enabled)." in flat
+
+
 def test_ascend_requirements_that_would_shadow_the_base_numpy_are_refused(
     ascend_cluster: PlaybookResult, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ CASES = {
     "no-npu-smi",
     "fewer-chips-than-planned",
     "preflight-bad-plan",
+    "preflight-mixed-tls",
     "hccn-bad-plan",
     "six-devices-on-atlas-training",
     "planned-device-missing",
