@@ -28,10 +28,10 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from ddp_cluster import ipplan, ranktable
+    from ddp_cluster import hccn, ipplan, ranktable
 except ImportError:  # a checkout without the package installed: use the sources next to this plugin
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster import ipplan, ranktable
+    from ddp_cluster import hccn, ipplan, ranktable
 
 HOST_IP_VAR = "npu_host_ip"
 DEVICE_IPS_VAR = "npu_device_ips"
@@ -182,171 +182,36 @@ def rank_table_json(plan: Any, master: str | None = None) -> str:
 
 
 def hccn_device_settings(plan: Any, host: str, detect_ips: Any = None, gateways: Any = None) -> list[dict[str, Any]]:
-    """What hccn_tool should set on each device of one host: device, address, netmask, detect, gateway.
-
-    detect_ips: one address per device, or one address for all devices, or empty: then each device probes
-    the device at the same position on the next server of the plan (seed 000: "the IP of device i of the
-    other machine"), which the plan rules put in the same subnet. gateways: the same forms; empty: none set.
-    """
-    plan = _plain(plan)
-    servers = plan["servers"]
-    names = [s.get("host") for s in servers]
-    if host not in names:
-        raise AnsibleFilterError(f"{host} is not a server of the NPU device-IP plan ({', '.join(map(str, names))})")
-    index = names.index(host)
-    device_ips = servers[index]["device_ips"]
-    count = len(device_ips)
-
-    def per_device(value: Any, what: str) -> list[str | None]:
-        value = _plain(value)
-        if value is None or value == "" or value == []:
-            return [None] * count
-        if isinstance(value, str):
-            return [value] * count
-        if not isinstance(value, list) or len(value) != count:
-            raise AnsibleFilterError(
-                f"{host}: {what} must be one address or a list of {count} (one per device), got {value!r}"
-            )
-        return [str(item) for item in value]
-
-    detects = per_device(detect_ips, "the netdetect addresses (npu_device_detect_ips)")
-    gateway_list = per_device(gateways, "the gateways (npu_device_gateways)")
-    settings = []
-    for device, address in enumerate(device_ips):
-        detect = detects[device]
-        if detect is None:
-            peers = [s["device_ips"] for s in servers[index + 1 :] + servers[:index] if len(s["device_ips"]) > device]
-            if not peers:
-                raise AnsibleFilterError(
-                    f"{host}: device {device} has no netdetect address and no other server has a device {device} "
-                    "to probe: set npu_device_detect_ips (one address per device, usually each subnet's gateway)"
-                )
-            detect = peers[0][device]
-        for what, value in (("netdetect address", detect), ("gateway", gateway_list[device])):
-            if value is not None:
-                try:
-                    ipaddress.IPv4Address(value)
-                except ValueError:
-                    raise AnsibleFilterError(
-                        f"{host}: device {device}: {what} {value!r} is not an IPv4 address"
-                    ) from None
-        settings.append(
-            {
-                "device": device,
-                "address": address,
-                "netmask": plan["netmask"],
-                "detect": detect,
-                "gateway": gateway_list[device],
-            }
-        )
-    return settings
+    """What hccn_tool should set on each device of one host (see ddp_cluster.hccn.device_settings)."""
+    try:
+        return hccn.device_settings(_plain(plan), str(host), _plain(detect_ips), _plain(gateways))
+    except hccn.HccnError as error:
+        raise AnsibleFilterError(str(error)) from error
 
 
 def hccn_fields(text: Any) -> dict[str, str]:
-    """``key: value`` lines of hccn_tool output as a dict (``ipaddr``, ``netmask``, ``net health status`` ...)."""
-    fields: dict[str, str] = {}
-    for line in str(text or "").splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
-    return fields
-
-
-# Seed 002, table 2: the net_health status codes and their names.
-NET_HEALTH_NAMES = {
-    0: "Success",
-    1: "Socket fail",
-    2: "Receive timeout",
-    3: "Unreachable",
-    4: "Time exceeded",
-    5: "Fault",
-    6: "Init",
-    7: "Thread error",
-    8: "Detect ip set",
-}
+    """``key: value`` lines of hccn_tool output as a dict (see ddp_cluster.hccn.fields)."""
+    return hccn.fields(str(text or ""))
 
 
 def net_health_name(text: Any) -> str:
-    """The status of ``-net_health -g`` output by name; a bare code (some tool versions print one) is mapped."""
-    fields = hccn_fields(text)
-    status = fields.get("net health status", str(text or "").strip())
-    if status.isdigit():
-        return NET_HEALTH_NAMES.get(int(status), "Unknown")
-    return status or "no answer"
-
-
-_SETTING_ORDER = ("ip", "netdetect", "gateway")
-
-
-def _reading(readings: Mapping[str, Any], device: int, query: str) -> str:
-    entry = readings.get(str(device), {}).get(query) or {}
-    return str(entry.get("stdout") or "")
+    """The status of ``-net_health -g`` output by name (see ddp_cluster.hccn.net_health_name)."""
+    return hccn.net_health_name(str(text or ""))
 
 
 def hccn_changes(settings: Any, readings: Any) -> list[dict[str, Any]]:
-    """The hccn_tool ``-s`` calls that bring each device to its settings, only where the device differs.
-
-    settings: ddp_hccn_device_settings; readings: the ``devices`` result of the role's ddp_hccn_query module
-    (device id -> query -> stdout). Addresses are set before detection and gateway, which rely on them.
-    """
-    settings, readings = _plain(settings), _plain(readings) or {}
-    changes: list[dict[str, Any]] = []
-
-    def change(device: int, setting: str, current: str | None, wanted: str, args: list[str]) -> None:
-        changes.append(
-            {"device": device, "setting": setting, "current": current or "unset", "wanted": wanted, "args": args}
-        )
-
-    for wanted in settings:
-        device = wanted["device"]
-        ip = hccn_fields(_reading(readings, device, "-ip"))
-        if ip.get("ipaddr") != wanted["address"] or ip.get("netmask") != wanted["netmask"]:
-            current = f"{ip.get('ipaddr', '')} {ip.get('netmask', '')}".strip()
-            change(
-                device,
-                "ip",
-                current,
-                f"{wanted['address']} {wanted['netmask']}",
-                ["-ip", "-s", "address", wanted["address"], "netmask", wanted["netmask"]],
-            )
-        detect = hccn_fields(_reading(readings, device, "-netdetect")).get("netdetect address")
-        if wanted.get("detect") and detect != wanted["detect"]:
-            change(device, "netdetect", detect, wanted["detect"], ["-netdetect", "-s", "address", wanted["detect"]])
-        if wanted.get("gateway"):
-            fields = hccn_fields(_reading(readings, device, "-gateway"))
-            gateway = fields.get("default gateway", "").split(",")[0].strip()
-            if gateway != wanted["gateway"]:
-                change(device, "gateway", gateway, wanted["gateway"], ["-gateway", "-s", "gateway", wanted["gateway"]])
-    return sorted(changes, key=lambda item: (_SETTING_ORDER.index(item["setting"]), item["device"]))
+    """The ``-s`` calls that bring each device to its settings, only where it differs (ddp_cluster.hccn.changes)."""
+    return hccn.changes(_plain(settings), _plain(readings) or {})
 
 
 def hccn_change_line(change: Mapping[str, Any]) -> str:
     """``device 1 ip: 192.168.1.50 255.255.0.0 -> 192.168.101.101 255.255.255.0``"""
-    return f"device {change['device']} {change['setting']}: {change['current']} -> {change['wanted']}"
+    return hccn.change_line(change)
 
 
 def hccn_problems(settings: Any, readings: Any, check_lldp: bool = True) -> list[str]:
-    """Why each device is not ready, one line per device with a problem: address, net_health, link, LLDP."""
-    settings, readings = _plain(settings), _plain(readings) or {}
-    problems = []
-    for wanted in settings:
-        device = wanted["device"]
-        reasons = []
-        ip = hccn_fields(_reading(readings, device, "-ip"))
-        if ip.get("ipaddr") != wanted["address"] or ip.get("netmask") != wanted["netmask"]:
-            found = f"{ip.get('ipaddr', '')} {ip.get('netmask', '')}".strip() or "none"
-            reasons.append(f"address is {found}, planned {wanted['address']} {wanted['netmask']}")
-        health = net_health_name(_reading(readings, device, "-net_health"))
-        if health != "Success":
-            reasons.append(f"net health {health} (netdetect address {wanted.get('detect')})")
-        link = hccn_fields(_reading(readings, device, "-link")).get("link status", "").upper()
-        if link != "UP":
-            reasons.append(f"link {link or 'unknown'}")
-        if check_lldp and not _reading(readings, device, "-lldp").strip():
-            reasons.append("no LLDP neighbour (-lldp -g is empty: check the switch port)")
-        if reasons:
-            problems.append(f"device {device}: " + "; ".join(reasons))
-    return problems
+    """Why each device is not ready, one line per device (ddp_cluster.hccn.problems)."""
+    return hccn.problems(_plain(settings), _plain(readings) or {}, bool(check_lldp))
 
 
 _PORT_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")

@@ -1,0 +1,122 @@
+"""ddp_cluster.hccn: device settings from a plan, hccn_tool outputs, read-compare-set and health verdicts; and
+``ddp-cluster hccn`` against the stateful hccn_tool double (tests/doubles/hccn_tool)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ddp_cluster import hccn
+from ddp_cluster.hccn_cli import cli
+
+REPO = Path(__file__).resolve().parents[2]
+DOUBLE = REPO / "tests" / "doubles" / "hccn_tool"
+DATA = Path(__file__).parent / "data"
+
+
+def plan() -> dict[str, Any]:
+    return {
+        "product": "atlas-training",
+        "netmask": "255.255.255.0",
+        "servers": [
+            {
+                "host": "s0",
+                "host_ip": "10.0.0.10",
+                "device_ips": [f"192.168.{100 + d % 4}.{101 - d // 4}" for d in range(8)],
+            },
+            {
+                "host": "s1",
+                "host_ip": "10.0.0.11",
+                "device_ips": [f"192.168.{100 + d % 4}.{111 - d // 4}" for d in range(8)],
+            },
+        ],
+    }
+
+
+def readings(**per_device: dict[str, str]) -> dict[str, dict[str, dict[str, str]]]:
+    return {
+        device: {query: {"stdout": out} for query, out in queries.items()}
+        for device, queries in per_device.items()
+    }
+
+
+def test_fields_and_net_health_as_the_manuals_print_them() -> None:
+    assert hccn.fields("ipaddr:192.168.100.101\nnetmask:255.255.255.0\n") == {
+        "ipaddr": "192.168.100.101",
+        "netmask": "255.255.255.0",
+    }
+    assert hccn.net_health_name("net health status: Success") == "Success"
+    assert hccn.net_health_name("net health status: 3") == "Unreachable"
+    assert hccn.net_health_name("42") == "Unknown"
+    assert hccn.net_health_name("") == "no answer"
+    assert hccn.healthy("net health status: 0") and not hccn.healthy("net health status: Init")
+
+
+def test_settings_detect_the_same_device_of_the_next_server() -> None:
+    settings = hccn.device_settings(plan(), "s1")
+    assert [s["detect"] for s in settings] == plan()["servers"][0]["device_ips"]
+    with pytest.raises(hccn.HccnError, match="s9 is not a server of the NPU device-IP plan"):
+        hccn.device_settings(plan(), "s9")
+    with pytest.raises(hccn.HccnError, match="list of 8"):
+        hccn.device_settings(plan(), "s0", ["192.168.100.1"])
+
+
+def test_changes_only_what_differs_addresses_first_and_problems_per_device() -> None:
+    settings = hccn.device_settings(plan(), "s0")[:2]
+    first, second = (s["address"] for s in settings)
+    found = readings(
+        **{
+            "0": {
+                "-ip": f"ipaddr:{first}\nnetmask:255.255.255.0",
+                "-netdetect": f"netdetect address: {settings[0]['detect']}",
+            },
+            "1": {"-ip": "ipaddr:192.168.1.50\nnetmask:255.255.0.0", "-netdetect": ""},
+        }
+    )
+    changes = hccn.changes(settings, found)
+    assert [(c["device"], c["setting"]) for c in changes] == [(1, "ip"), (1, "netdetect")]
+    assert hccn.change_line(changes[0]) == f"device 1 ip: 192.168.1.50 255.255.0.0 -> {second} 255.255.255.0"
+    problems = hccn.problems(settings, found)
+    assert problems[0].startswith("device 0: net health no answer") and problems[1].startswith(
+        "device 1: address is"
+    )
+
+
+@pytest.fixture
+def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    state = tmp_path / "doubles"
+    state.mkdir()
+    (state / "config.json").write_text('{"chip_count": 8}')
+    monkeypatch.setenv("DDP_DOUBLES_STATE", str(state))
+    tool = tmp_path / "hccn_tool"
+    shutil.copy(DOUBLE, tool)
+    tool.write_text(tool.read_text().replace("#!/usr/bin/env python3", f"#!{sys.executable}", 1))
+    os.chmod(tool, 0o755)
+    plan_file = tmp_path / "plan.yml"
+    plan_file.write_text(yaml.safe_dump(plan()))
+    return tool
+
+
+def test_cli_diff_lists_the_calls_then_nothing_once_set(
+    double: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan_file = str(double.parent / "plan.yml")
+    assert cli(["diff", plan_file, "--host", "s0", "--tool", str(double)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 16 and lines[0] == "device 0 ip: unset -> 192.168.100.101 255.255.255.0"
+    for change in hccn.changes(hccn.device_settings(plan(), "s0"), {}):  # set them as the role would
+        os.system(f"{double} -i {change['device']} {' '.join(change['args'])}")
+    assert cli(["diff", plan_file, "--host", "s0", "--tool", str(double)]) == 0
+    assert capsys.readouterr().out.strip() == "s0: nothing to set"
+    assert cli(["check", plan_file, "--host", "s0", "--tool", str(double)]) == 0
+
+
+def test_cli_names_a_host_outside_the_plan(double: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["diff", str(double.parent / "plan.yml"), "--host", "s7", "--tool", str(double)]) == 2
+    assert "s7 is not a server of the NPU device-IP plan" in capsys.readouterr().err
