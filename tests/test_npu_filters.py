@@ -171,3 +171,14 @@ def test_node_addresses_are_ip_addresses_names_resolved_on_the_controller() -> N
     assert filters.node_addresses(hostvars, ["a", "b", "c"]) == {"a": "10.0.0.5", "b": "127.0.0.1", "c": "10.1.0.7"}
     with pytest.raises(AnsibleFilterError, match=r"d: its address 'no-such-host\.invalid' .* does not resolve"):
         filters.node_addresses({"d": {"ansible_host": "no-such-host.invalid"}}, ["d"])
+
+
+def test_a_local_node_without_an_address_is_on_the_loopback() -> None:
+    # The local inventory on the host network: node names resolve nowhere, the node shares the controller's stack.
+    hostvars = {
+        "node0": {"ansible_connection": "local"},
+        "node1": {"ansible_connection": "local", "ansible_host": "10.0.0.9"},
+    }
+    assert filters.node_addresses(hostvars, ["node0", "node1"]) == {"node0": "127.0.0.1", "node1": "10.0.0.9"}
+    with pytest.raises(AnsibleFilterError, match=r"node2: its address 'node2'"):
+        filters.node_addresses({"node2": {"ansible_connection": "ssh"}}, ["node2"])

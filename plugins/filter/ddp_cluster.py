@@ -256,13 +256,19 @@ def node_addresses(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> dict[st
     ansible_host, else its name; a name is resolved on the controller (IPv4 first), since /etc/hosts entries and
     firewall rules take addresses. Preflight then checks on each server that the address is on its interface.
 
+    A node on the controller's own engine (connection local) with no address of its own shares the controller's
+    network namespace: its address is the loopback's.
+
     Role defaults are not in hostvars, so an inventory's own setting is read here with the role's fallback order.
     """
     addresses = {}
     for host in hosts:
         variables = hostvars[host]
-        address = str(_host_var(variables, "node_container_address") or _host_var(variables, "ansible_host") or host)
-        addresses[str(host)] = _resolve(str(host), address)
+        given = _host_var(variables, "node_container_address") or _host_var(variables, "ansible_host")
+        if given is None and _host_var(variables, "ansible_connection") == "local":
+            addresses[str(host)] = "127.0.0.1"
+            continue
+        addresses[str(host)] = _resolve(str(host), str(given or host))
     return addresses
 
 
