@@ -41,6 +41,8 @@ $(VENV)/.installed-test: $(VENV)/.installed
 docker:
 	@scripts/ensure-docker.sh
 	@command -v debootstrap >/dev/null || { echo "installing debootstrap"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
+	@# Docker's Distribution registry, which the image stage runs on the controller's loopback for remote servers.
+	@command -v docker-registry >/dev/null || { echo "installing docker-registry"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null; }
 
 base-image: docker
 	@scripts/build-base-image.sh $(BASE_IMAGE)
@@ -62,8 +64,8 @@ lint: test-deps
 	yamllint -s .
 	ansible-lint
 	cd python && ruff check . && ruff format --check . && mypy
-	ruff check tests bench plugins inventories/local/hosts.py molecule roles/ddp_job/files
-	ruff format --check tests bench plugins inventories/local/hosts.py molecule roles/ddp_job/files
+	ruff check tests bench plugins inventories/local/hosts.py molecule roles/ddp_job/files roles/*/library
+	ruff format --check tests bench plugins inventories/local/hosts.py molecule roles/ddp_job/files roles/*/library
 
 unit: test-deps
 	cd python && pytest -q

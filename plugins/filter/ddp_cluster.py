@@ -18,7 +18,9 @@ Per host, the inventory gives ``npu_host_ip`` (default: ``ansible_host``, else t
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import shlex
 import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -288,6 +290,30 @@ def _resolve(host: str, address: str) -> str:
     return str(found[0][4][0])
 
 
+def ssh_targets(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> list[dict[str, Any]]:
+    """How the controller's own ssh reaches each server as Ansible does: ansible_host, ansible_port, ansible_user,
+    ansible_ssh_private_key_file, ansible_ssh_common_args and ansible_ssh_extra_args, the target last. Host-key
+    checking stays on (a server's key must be pinned, as for Ansible); the rest comes from ~/.ssh/config."""
+    targets = []
+    for host in hosts:
+        variables = hostvars[host]
+        argv = ["ssh", "-o", "StrictHostKeyChecking=yes"]
+        port = _host_var(variables, "ansible_port") or _host_var(variables, "ansible_ssh_port")
+        if port is not None:
+            argv += ["-p", str(port)]
+        user = _host_var(variables, "ansible_user") or _host_var(variables, "ansible_ssh_user")
+        if user is not None:
+            argv += ["-l", str(user)]
+        key = _host_var(variables, "ansible_ssh_private_key_file") or _host_var(variables, "ansible_private_key_file")
+        if key is not None:
+            argv += ["-i", os.path.expanduser(str(key))]
+        for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+            argv += shlex.split(str(_host_var(variables, name) or ""))
+        argv.append(str(_host_var(variables, "ansible_host") or host))
+        targets.append({"name": str(host), "ssh": argv})
+    return targets
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -307,4 +333,5 @@ class FilterModule:
             "ddp_net_health_name": net_health_name,
             "ddp_port_ranges": port_ranges,
             "ddp_node_addresses": node_addresses,
+            "ddp_ssh_targets": ssh_targets,
         }

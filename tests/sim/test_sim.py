@@ -8,8 +8,10 @@ servers that cannot be used (engine stopped, unreachable, host key changed), the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -275,6 +277,171 @@ def test_cluster_works_after_the_failures(sim_cluster: PlaybookResult, healthy_a
     # sim-server1 was killed and started again: its engine restarted its node container (restart policy), with
     # the same host keys, so a job runs with no site.yml in between (sim-ascend's site.yml follows anyway).
     job = job_id("after")
+    done = train(job, nodes=2, script_args=QUICK)
+    assert done.rc == 0, done.stdout[-5000:]
+
+
+# --- the image through a registry -----------------------------------------------------------------------------
+PACKAGE_INIT = REPO / "python" / "src" / "ddp_cluster" / "__init__.py"
+REGISTRY_PORT = 15000
+
+
+@contextlib.contextmanager
+def code_change(tag: str) -> Iterator[None]:
+    """A one-line change under python/ (a new image tag), undone afterwards."""
+    original = PACKAGE_INIT.read_text()
+    PACKAGE_INIT.write_text(original + f"# a one-line change: {tag}\n")
+    try:
+        yield
+    finally:
+        PACKAGE_INIT.write_text(original)
+
+
+def node_image(server: str) -> tuple[str, str]:
+    """The node container's id and image name on a server."""
+    out = on_server(server, f"docker inspect -f '{{{{.Id}}}} {{{{.Config.Image}}}}' {server}").stdout.split()
+    return out[0], out[1]
+
+
+def image_layers(server: str, image: str) -> list[str]:
+    return json.loads(on_server(server, f"docker image inspect -f '{{{{json .RootFS.Layers}}}}' {image}").stdout)
+
+
+def task_output(result: PlaybookResult, task: str) -> str:
+    """What a training_image task printed (the lines between its header and the next)."""
+    parts = result.stdout.split(f"TASK [training_image : {task}]")
+    assert len(parts) == 2, f"task {task!r} ran {len(parts) - 1} times"
+    return parts[1].split("TASK [")[0].split("PLAY [")[0].lstrip("* \n")
+
+
+def assert_no_registry_left() -> None:
+    """The controller's registry and every tunnel end stopped with the stage; no registry name stays on a server."""
+    assert (
+        subprocess.run(["pgrep", "-f", "docker-registry serve /tmp/ddp-registry-"], capture_output=True).returncode != 0
+    )
+    assert subprocess.run(["pgrep", "-f", f"-R 127.0.0.1:{REGISTRY_PORT}"], capture_output=True).returncode != 0
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", REGISTRY_PORT)) != 0
+    for server in SERVERS:
+        assert not on_server(server, f"ss -Htln 'sport = :{REGISTRY_PORT}'").stdout.strip()
+        assert not on_server(server, "docker image ls -q '127.0.0.1:*/*/*'").stdout.strip()
+
+
+def test_bare_servers_got_the_image_through_the_registry(sim_cluster: PlaybookResult) -> None:
+    pushed = task_output(sim_cluster, "Push the image once, pull it on every server that lacks it")
+    assert pushed.startswith("changed: [sim-server0 -> localhost]"), pushed
+    assert task_output(sim_cluster, "Copy the archive to the host").count("skipping:") == 2
+    assert_no_registry_left()
+
+
+def test_a_code_change_reaches_every_server_as_one_small_layer(
+    sim_cluster: PlaybookResult, healthy_again: None
+) -> None:
+    before = {server: node_image(server) for server in SERVERS}
+    with code_change("registry"):
+        result = run_playbook("site.yml", inventory=SIM, cmdline="-v", timeout=1200)
+    assert result.rc == 0, result.stdout[-6000:]
+    # Each server pulled one layer (the ddp_cluster code) and had every other; the registry sent well under 1% of
+    # the image.
+    assert re.findall(r"layers_pulled: (\d+)", result.stdout) == ["1", "1"], result.stdout[-6000:]
+    served = [int(n) for n in re.findall(r"bytes_served: (\d+)", result.stdout)]
+    image = node_image("sim-server0")[1]
+    size = int(subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", image],
+                              capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    assert len(served) == 1 and 0 < served[0] < 0.01 * size * len(SERVERS), (served, size)
+    for server in SERVERS:
+        old_layers, new_layers = image_layers(server, before[server][1]), image_layers(server, image)
+        assert new_layers[:-1] == old_layers[:-1] and new_layers[-1] != old_layers[-1]
+        assert node_image(server)[1] == image != before[server][1]
+    assert_no_registry_left()
+
+
+def test_a_failed_pull_stops_the_stage_naming_the_server_and_leaves_the_containers(
+    sim_cluster: PlaybookResult, healthy_again: None
+) -> None:
+    before = {server: node_image(server) for server in SERVERS}
+    # Something on sim-server1 holds the loopback port the tunnel needs.
+    holder = f"python3 -m http.server --bind 127.0.0.1 {REGISTRY_PORT}"
+    subprocess.run(["docker", "exec", "-d", "sim-server1", *holder.split()], check=True)
+    time.sleep(1)
+    try:
+        with code_change("failed pull"):
+            result = site()
+    finally:
+        on_server("sim-server1", f"pkill -f '{holder}'", check=False)
+    flat = " ".join(result.stdout.split())
+    assert result.rc != 0
+    assert f"sim-server1: the node image did not arrive from 127.0.0.1:{REGISTRY_PORT}/ddp-cluster/node:" in flat, (
+        result.stdout[-4000:]
+    )
+    assert f"port {REGISTRY_PORT} on the server's loopback is taken" in flat
+    assert "TASK [node_container" not in result.stdout
+    assert {server: node_image(server) for server in SERVERS} == before
+    assert_no_registry_left()
+
+
+@pytest.fixture
+def users_registry(tmp_path: Path) -> Iterator[str]:
+    """A second registry standing in for the user's (Harbor, a cloud one): TLS with its own CA, on the controller's
+    address on the sim network, trusted by the controller's and each server's engine through certs.d (no restart)."""
+    address = "172.30.99.1:5443"
+    key, cert = tmp_path / "registry.key", tmp_path / "registry.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=ddp-test-registry",
+         "-addext", "subjectAltName=IP:172.30.99.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    config = tmp_path / "config.yml"
+    config.write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'storage'}\n"
+        f"http:\n  addr: {address}\n  tls:\n    certificate: {cert}\n    key: {key}\n"
+    )
+    certs = [Path("/etc/docker/certs.d") / address]
+    certs[0].mkdir(parents=True, exist_ok=True)
+    shutil.copy(cert, certs[0] / "ca.crt")
+    for server in SERVERS:
+        on_server(server, f"mkdir -p /etc/docker/certs.d/{address}")
+        subprocess.run(["docker", "cp", str(cert), f"{server}:/etc/docker/certs.d/{address}/ca.crt"], check=True)
+    log = (tmp_path / "registry.log").open("w")
+    registry = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1)
+        yield f"{address}/ml"
+    finally:
+        registry.terminate()
+        registry.wait(timeout=10)
+        log.close()
+        shutil.rmtree(certs[0], ignore_errors=True)
+        for server in SERVERS:
+            on_server(server, f"rm -rf /etc/docker/certs.d/{address}", check=False)
+
+
+def test_the_users_registry_is_pushed_to_and_pulled_from(
+    sim_cluster: PlaybookResult, users_registry: str, tmp_path: Path, healthy_again: None
+) -> None:
+    with code_change("user's registry"):
+        result = site(cluster_registry=users_registry)
+    assert result.rc == 0, result.stdout[-6000:]
+    image = node_image("sim-server0")[1]
+    # Each server's engine fetched the manifest from the user's registry itself (no tunnel: its own address).
+    log = (tmp_path / "registry.log").read_text()
+    for index, server in enumerate(SERVERS):
+        assert node_image(server)[1] == image
+        assert re.search(
+            rf'http\.request\.method=(GET|HEAD) http\.request\.remoteaddr="172\.30\.99\.{10 + index}:\d+" '
+            r"http\.request\.uri=/v2/ml/ddp-cluster/node/manifests/",
+            log,
+        ), log[-3000:]
+        assert not on_server(server, "docker image ls -q '172.30.99.1:5443/*/*/*'").stdout.strip()
+    assert_no_registry_left()
+
+
+def test_the_cluster_is_back_on_the_repositorys_code(sim_cluster: PlaybookResult, healthy_again: None) -> None:
+    # The code is as it was: the image of the first run, still on every server, is taken again; nothing is pulled.
+    result = site()
+    assert result.rc == 0, result.stdout[-6000:]
+    assert task_output(result, "Push the image once, pull it on every server that lacks it").startswith("skipping:")
+    job = job_id("back")
     done = train(job, nodes=2, script_args=QUICK)
     assert done.rc == 0, done.stdout[-5000:]
 

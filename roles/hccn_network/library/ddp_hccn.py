@@ -21,7 +21,8 @@ options:
     type: str
     required: true
   settings:
-    description: Per device, C(device), C(address), C(netmask), C(detect), C(gateway) (ddp_cluster.hccn.device_settings).
+    description:
+      - Per device, C(device), C(address), C(netmask), C(detect), C(gateway) (ddp_cluster.hccn.device_settings).
     type: list
     elements: dict
     required: true
@@ -74,8 +75,8 @@ health_seconds:
 import time  # noqa: E402  (Ansible modules put DOCUMENTATION first)
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.ddp_hccn import changes as hccn_changes  # noqa: E402
 from ansible.module_utils.ddp_hccn import change_line, healthy, problems  # noqa: E402
+from ansible.module_utils.ddp_hccn import changes as hccn_changes  # noqa: E402
 
 
 def main() -> None:
@@ -95,7 +96,14 @@ def main() -> None:
     devices = [int(setting["device"]) for setting in settings]
     resolved = module.get_bin_path(tool) if "/" not in tool else tool
     results: dict[str, dict[str, dict]] = {str(device): {} for device in devices}
-    outcome = {"devices": results, "failed_reads": [], "changes": [], "applied": [], "problems": [], "health_seconds": 0.0}
+    outcome = {
+        "devices": results,
+        "failed_reads": [],
+        "changes": [],
+        "applied": [],
+        "problems": [],
+        "health_seconds": 0.0,
+    }
 
     def read(device: int, query: str) -> dict:
         argv = [tool, "-i", str(device), query, "-g"]

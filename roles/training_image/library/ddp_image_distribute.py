@@ -1,0 +1,348 @@
+#!/usr/bin/python
+"""Ship the node image from the controller to servers through a registry: push once, every server pulls the layers
+it lacks, in parallel."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: ddp_image_distribute
+short_description: Push an image to a registry once and pull it on every server that lacks it
+description:
+  - Runs on the controller. With no C(registry), starts Docker's Distribution registry (C(docker-registry serve), the
+    Debian package) bound to the controller's 127.0.0.1:C(port) for the duration of the call, its storage kept in
+    C(storage) so that a later push sends only new layers. Each server pulls C(127.0.0.1:port/NAME:TAG) through
+    C(ssh -R 127.0.0.1:port:127.0.0.1:port): its engine treats a 127.0.0.0/8 registry as insecure by default, so no
+    engine setting changes, and nothing listens beyond loopback. The tunnel lives as long as that server's pull;
+    the registry stops when the call ends, also on failure (and with the module's process).
+  - A server whose pull fails is listed in C(failed_servers) with its reason (the call itself fails only when the
+    registry or the push does), so that the role can fail that server by name.
+  - With C(registry) (the user's registry, e.g. C(harbor.example.com/ml)), pushes there (the controller's engine
+    must be logged in) and each server pulls from it directly, over the same ssh command without a tunnel.
+  - Every server gets the image under its local name C(image) (the registry's name is removed again), so the
+    containers stage needs nothing else.
+options:
+  image:
+    description: The image on the controller, NAME:TAG.
+    type: str
+    required: true
+  servers:
+    description: The servers that lack it, each C(name) and C(ssh) (the argv that logs in, the target last).
+    type: list
+    elements: dict
+    required: true
+  registry:
+    description: The user's registry (host[:port][/path]); empty runs one on the controller's loopback.
+    type: str
+    default: ""
+  port:
+    description: The controller's and each server's loopback port for the registry that this module runs.
+    type: int
+    default: 15000
+  registry_command:
+    description: Docker's Distribution registry (2.x) binary.
+    type: str
+    default: docker-registry
+  storage:
+    description: The registry's storage directory on the controller (kept between runs).
+    type: path
+    required: true
+  parallel:
+    description: Servers pulling at the same time.
+    type: int
+    default: 16
+  timeout:
+    description: Seconds one server's pull may take; the push gets the same bound.
+    type: int
+    default: 1800
+"""
+
+RETURN = r"""
+reference:
+  description: The name the servers pulled.
+  type: str
+  returned: always
+push_seconds:
+  description: Seconds the push took.
+  type: float
+  returned: always
+pushed_layers:
+  description: Layers the push sent (the others were in the registry already).
+  type: int
+  returned: always
+servers:
+  description: Per server name, ok, rc, seconds, layers_pulled, layers_present, error and the output's last lines.
+  type: dict
+  returned: always
+failed_servers:
+  description: The names of the servers whose pull failed.
+  type: list
+  returned: always
+bytes_served:
+  description: Bytes of layers and manifests the controller's registry sent to the servers (0 for a user registry).
+  type: int
+  returned: always
+"""
+
+import contextlib  # noqa: E402  (Ansible modules put DOCUMENTATION first)
+import ctypes  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from typing import Any  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+PR_SET_PDEATHSIG = 1
+# The registry's access log: `... http.request.method=GET ... http.response.written=N ...` per response.
+WRITTEN = re.compile(r"http\.request\.method=GET\b.*?http\.response\.written=(\d+)")
+TUNNEL_FAILED = re.compile(r"remote port forwarding failed|cannot listen to port|Could not request", re.IGNORECASE)
+
+
+class DistributionError(Exception):
+    """A step that stops the whole distribution (the registry, the push), with what to do about it."""
+
+
+def registry_reference(image: str, registry: str, port: int) -> str:
+    """The name the servers pull: NAME:TAG under the user's registry, else under the tunnelled loopback one."""
+    prefix = registry.strip().rstrip("/") if registry.strip() else f"127.0.0.1:{port}"
+    return f"{prefix}/{image}"
+
+
+def registry_config(storage: str, port: int) -> str:
+    return (
+        "version: 0.1\n"
+        "log:\n  level: info\n  formatter: text\n"
+        "storage:\n"
+        f"  filesystem:\n    rootdirectory: {storage}\n"
+        "  delete:\n    enabled: true\n"
+        "http:\n"
+        f"  addr: 127.0.0.1:{port}\n"
+        "  headers:\n    X-Content-Type-Options: [nosniff]\n"
+    )
+
+
+def layer_counts(output: str) -> tuple[int, int]:
+    """Layers a `docker pull` downloaded and layers the server had already, from its plain (non-tty) output."""
+    pulled = len(re.findall(r"^\w+: Pull complete$", output, re.MULTILINE))
+    present = len(re.findall(r"^\w+: Already exists$", output, re.MULTILINE))
+    return pulled, present
+
+
+def bytes_served(log: str) -> int:
+    return sum(int(match) for match in WRITTEN.findall(log))
+
+
+def pull_command(reference: str, image: str) -> str:
+    """The shell command a server runs: pull, name the image as the controller does, drop the registry's name."""
+    ref, local = shlex.quote(reference), shlex.quote(image)
+    return f"docker pull {ref} && docker tag {ref} {local} && docker rmi {ref} >/dev/null"
+
+
+def ssh_pull_argv(ssh: list[str], command: str, tunnel_port: int | None) -> list[str]:
+    """ssh's own options go before the target (the last word of `ssh`); -R only for the controller's registry."""
+    *client, target = ssh
+    options = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
+               "-o", "ServerAliveCountMax=4", "-o", "ExitOnForwardFailure=yes"]  # fmt: skip
+    if tunnel_port is not None:
+        options += ["-R", f"127.0.0.1:{tunnel_port}:127.0.0.1:{tunnel_port}"]
+    return [*client, *options, target, command]
+
+
+def pull_error(rc: int, output: str, tunnel_port: int | None) -> str:
+    tail = " ".join(output.strip().splitlines()[-3:])
+    if tunnel_port is not None and TUNNEL_FAILED.search(output):
+        return (
+            f"could not open the tunnel to the controller's registry: port {tunnel_port} on the server's loopback is "
+            "taken, or its sshd forbids forwarding (AllowTcpForwarding). Free the port or set cluster_registry_port, "
+            f"allow forwarding, or set cluster_image_distribution: save_load ({tail})"
+        )
+    if rc == 255:
+        return f"ssh to the server failed: {tail}"
+    return f"the pull failed (rc {rc}): {tail}"
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        # As the registry binds: a connection in TIME_WAIT does not hold the port, a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def controller_registry(command: str, storage: str, port: int, workdir: str) -> Iterator[str]:
+    """Docker's Distribution registry on 127.0.0.1:port while the block runs; yields its log file."""
+    if not _port_free(port):
+        raise DistributionError(
+            f"port {port} on the controller's loopback is taken, so the image registry cannot start there: "
+            "set cluster_registry_port to a free port"
+        )
+    os.makedirs(storage, mode=0o700, exist_ok=True)
+    config, log = os.path.join(workdir, "config.yml"), os.path.join(workdir, "registry.log")
+    with open(config, "w", encoding="utf-8") as handle:
+        handle.write(registry_config(storage, port))
+    with open(log, "wb") as out:
+        try:
+            process = subprocess.Popen(
+                [command, "serve", config], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        except OSError as error:
+            raise DistributionError(
+                f"cannot start the image registry ({command}: {error.strerror}): install Docker's Distribution "
+                "registry on the controller (apt-get install docker-registry; it need not run as a service), or set "
+                "cluster_image_distribution: save_load"
+            ) from error
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                raise DistributionError(f"the image registry exited at start: {_tail(log)}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise DistributionError(
+                    f"the image registry did not answer on 127.0.0.1:{port} within 30 s: {_tail(log)}"
+                )
+            time.sleep(0.2)
+        yield log
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _tail(path: str, lines: int = 3) -> str:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return " ".join(handle.read().strip().splitlines()[-lines:])
+
+
+def _run(argv: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as error:
+        output = error.stdout if isinstance(error.stdout, str) else (error.stdout or b"").decode(errors="replace")
+        return subprocess.CompletedProcess(argv, 124, output, f"timed out after {timeout} s")
+
+
+def push(image: str, reference: str, timeout: int) -> int:
+    """Push the controller's image under the registry's name; returns the layers sent."""
+    tagged = _run(["docker", "tag", image, reference], 60)
+    if tagged.returncode != 0:
+        raise DistributionError(f"cannot tag {image} as {reference}: {tagged.stderr.strip()}")
+    try:
+        pushed = _run(["docker", "push", reference], timeout)
+    finally:
+        _run(["docker", "rmi", reference], 60)
+    if pushed.returncode != 0:
+        detail = " ".join((pushed.stdout + pushed.stderr).strip().splitlines()[-2:])
+        raise DistributionError(f"the push of {reference} failed (rc {pushed.returncode}): {detail}")
+    return len(re.findall(r"^\w+: Pushed$", pushed.stdout, re.MULTILINE))
+
+
+def pull(server: dict[str, Any], reference: str, image: str, tunnel_port: int | None, timeout: int) -> dict[str, Any]:
+    started = time.monotonic()
+    argv = ssh_pull_argv([str(word) for word in server["ssh"]], pull_command(reference, image), tunnel_port)
+    done = _run(argv, timeout)
+    output = done.stdout + done.stderr
+    pulled, present = layer_counts(done.stdout)
+    result = {
+        "ok": done.returncode == 0,
+        "rc": done.returncode,
+        "seconds": round(time.monotonic() - started, 1),
+        "layers_pulled": pulled,
+        "layers_present": present,
+        "error": "" if done.returncode == 0 else pull_error(done.returncode, output, tunnel_port),
+        "output": output.strip().splitlines()[-20:],
+    }
+    if done.returncode == 124:
+        result["error"] = f"the pull did not finish within {timeout} s (training_image_pull_timeout)"
+    return result
+
+
+def distribute(params: dict[str, Any]) -> dict[str, Any]:
+    image, registry, port = params["image"], params["registry"], params["port"]
+    reference = registry_reference(image, registry, port)
+    tunnel_port = None if registry.strip() else port
+    servers = params["servers"]
+    report: dict[str, Any] = {"reference": reference, "servers": {}, "failed_servers": [], "bytes_served": 0}
+
+    def pull_all() -> None:
+        with ThreadPoolExecutor(max_workers=max(1, min(params["parallel"], len(servers)))) as pool:
+            results = pool.map(lambda server: pull(server, reference, image, tunnel_port, params["timeout"]), servers)
+            for server, result in zip(servers, results, strict=True):
+                report["servers"][server["name"]] = result
+        report["failed_servers"] = [name for name, result in report["servers"].items() if not result["ok"]]
+
+    started = time.monotonic()
+    if tunnel_port is None:
+        report["pushed_layers"] = push(image, reference, params["timeout"])
+        report["push_seconds"] = round(time.monotonic() - started, 1)
+        pull_all()
+        return report
+    with (
+        tempfile.TemporaryDirectory(prefix="ddp-registry-") as workdir,
+        controller_registry(params["registry_command"], params["storage"], port, workdir) as log,
+    ):
+        report["pushed_layers"] = push(image, reference, params["timeout"])
+        report["push_seconds"] = round(time.monotonic() - started, 1)
+        with open(log, encoding="utf-8", errors="replace") as handle:
+            handle.seek(0, os.SEEK_END)
+            pull_all()
+            report["bytes_served"] = bytes_served(handle.read())
+    return report
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "image": {"type": "str", "required": True},
+            "servers": {"type": "list", "elements": "dict", "required": True},
+            "registry": {"type": "str", "default": ""},
+            "port": {"type": "int", "default": 15000},
+            "registry_command": {"type": "str", "default": "docker-registry"},
+            "storage": {"type": "path", "required": True},
+            "parallel": {"type": "int", "default": 16},
+            "timeout": {"type": "int", "default": 1800},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    reference = registry_reference(params["image"], params["registry"], params["port"])
+    if not params["servers"] or module.check_mode:
+        module.exit_json(changed=bool(params["servers"]), reference=reference, servers={}, failed_servers=[],
+                         push_seconds=0.0, pushed_layers=0, bytes_served=0)  # fmt: skip
+    try:
+        report = distribute(params)
+    except DistributionError as error:
+        module.fail_json(msg=str(error), reference=reference, servers={}, failed_servers=[])
+    # A server whose pull failed is failed by the role, under its own name (the run stops before any container).
+    module.exit_json(changed=len(report["failed_servers"]) < len(params["servers"]), **report)
+
+
+if __name__ == "__main__":
+    main()

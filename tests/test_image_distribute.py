@@ -1,0 +1,154 @@
+"""The image stage's registry distribution (roles/training_image/library/ddp_image_distribute.py) and the ssh targets
+it logs in with (plugins/filter/ddp_cluster.py): the pieces, and the controller's registry started and stopped for
+real (Docker's Distribution registry, no engine needed). The whole path runs on the simulated servers
+(tests/sim/test_sim.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import socket
+import urllib.request
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+dist = _load("ddp_image_distribute", REPO / "roles" / "training_image" / "library" / "ddp_image_distribute.py")
+filters = _load("ddp_cluster_filters_ssh", REPO / "plugins" / "filter" / "ddp_cluster.py")
+
+PULL_ONE_LAYER = """\
+2a4e3b1f: Pulling from ddp-cluster/node
+0c8d71f0a3b2: Already exists
+5e1ab3d4c9f0: Already exists
+9f00aa11bb22: Already exists
+77aa3c2d1e0f: Pulling fs layer
+77aa3c2d1e0f: Verifying Checksum
+77aa3c2d1e0f: Download complete
+77aa3c2d1e0f: Pull complete
+Digest: sha256:0123
+Status: Downloaded newer image for 127.0.0.1:15000/ddp-cluster/node:2a4e3b1f
+"""
+
+
+def test_the_servers_pull_from_the_users_registry_or_the_tunnelled_loopback() -> None:
+    assert dist.registry_reference("ddp-cluster/node:ab12", "", 15000) == "127.0.0.1:15000/ddp-cluster/node:ab12"
+    assert (
+        dist.registry_reference("ddp-cluster/node:ab12", "harbor.example.com/ml/", 15000)
+        == "harbor.example.com/ml/ddp-cluster/node:ab12"
+    )
+
+
+def test_pulled_layers_are_counted_from_the_pull_output() -> None:
+    assert dist.layer_counts(PULL_ONE_LAYER) == (1, 3)
+    assert dist.layer_counts("Status: Image is up to date for x\n") == (0, 0)
+
+
+def test_bytes_served_sum_the_registrys_get_responses() -> None:
+    log = (
+        'time="t" level=info msg="response completed" http.request.method=GET http.request.uri=/v2/x/blobs/sha256:a '
+        "http.response.status=200 http.response.written=1000\n"
+        'time="t" level=info msg="response completed" http.request.method=HEAD http.request.uri=/v2/x/blobs/sha256:b '
+        "http.response.status=200 http.response.written=0\n"
+        'time="t" level=info msg="rewriting manifest" http.request.method=GET http.request.uri=/v2/x/manifests/1\n'
+        'time="t" level=info msg="response completed" http.request.method=GET http.request.uri=/v2/x/manifests/1 '
+        "http.response.written=736\n"
+        '127.0.0.1 - - [22/Nov/2026:18:50:54 +0000] "GET /v2/x/manifests/1 HTTP/1.1" 200 736 "" "docker"\n'
+    )
+    assert dist.bytes_served(log) == 1736
+
+
+def test_the_pull_runs_over_ssh_with_the_tunnel_only_for_the_controllers_registry() -> None:
+    ssh = ["ssh", "-o", "StrictHostKeyChecking=yes", "-p", "2222", "10.0.0.5"]
+    command = dist.pull_command("127.0.0.1:15000/ddp-cluster/node:ab", "ddp-cluster/node:ab")
+    assert command == (
+        "docker pull 127.0.0.1:15000/ddp-cluster/node:ab && docker tag 127.0.0.1:15000/ddp-cluster/node:ab "
+        "ddp-cluster/node:ab && docker rmi 127.0.0.1:15000/ddp-cluster/node:ab >/dev/null"
+    )
+    argv = dist.ssh_pull_argv(ssh, command, 15000)
+    assert argv[:5] == ssh[:5] and argv[-2:] == ["10.0.0.5", command]
+    assert "ExitOnForwardFailure=yes" in argv and "BatchMode=yes" in argv
+    assert argv[argv.index("-R") + 1] == "127.0.0.1:15000:127.0.0.1:15000"
+    assert "-R" not in dist.ssh_pull_argv(ssh, command, None)
+
+
+def test_a_tunnel_that_cannot_open_says_what_to_do() -> None:
+    error = dist.pull_error(255, "Error: remote port forwarding failed for listen port 15000\n", 15000)
+    assert "port 15000 on the server's loopback is taken" in error and "cluster_registry_port" in error
+    assert dist.pull_error(255, "ssh: connect to host 10.0.0.5 port 22: No route to host\n", 15000).startswith(
+        "ssh to the server failed: ssh: connect to host 10.0.0.5"
+    )
+    assert dist.pull_error(1, "Error response from daemon: manifest unknown\n", None) == (
+        "the pull failed (rc 1): Error response from daemon: manifest unknown"
+    )
+
+
+def test_ssh_targets_log_in_as_ansible_does() -> None:
+    hostvars = {
+        "a": {"ansible_host": "10.0.0.5"},
+        "b": {
+            "ansible_host": "10.0.0.6",
+            "ansible_port": 2222,
+            "ansible_user": "admin",
+            "ansible_ssh_private_key_file": "/keys/id",
+            "ansible_ssh_common_args": "-o UserKnownHostsFile=/k/known_hosts",
+            "ansible_ssh_extra_args": "-o ProxyJump=bastion",
+        },
+        "c": {},
+    }
+    targets = filters.ssh_targets(hostvars, ["a", "b", "c"])
+    assert targets[0] == {"name": "a", "ssh": ["ssh", "-o", "StrictHostKeyChecking=yes", "10.0.0.5"]}
+    assert targets[1]["ssh"] == [
+        "ssh", "-o", "StrictHostKeyChecking=yes", "-p", "2222", "-l", "admin", "-i", "/keys/id",
+        "-o", "UserKnownHostsFile=/k/known_hosts", "-o", "ProxyJump=bastion", "10.0.0.6",
+    ]  # fmt: skip
+    assert targets[2]["ssh"][-1] == "c"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.skipif(shutil.which("docker-registry") is None, reason="docker-registry is not installed (make docker)")
+def test_the_controllers_registry_answers_on_loopback_only_while_the_stage_runs(tmp_path: Path) -> None:
+    port = _free_port()
+    with dist.controller_registry("docker-registry", str(tmp_path / "storage"), port, str(tmp_path)):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=5) as answer:
+            assert answer.status == 200
+        listening = Path("/proc/net/tcp").read_text()
+        assert f"0100007F:{port:04X}" in listening  # 127.0.0.1 only
+        assert f"00000000:{port:04X}" not in listening
+    assert dist._port_free(port)
+    # Stopped also when the block fails.
+    with (
+        pytest.raises(RuntimeError),
+        dist.controller_registry("docker-registry", str(tmp_path / "storage"), port, str(tmp_path)),
+    ):
+        raise RuntimeError("a push failed")
+    assert dist._port_free(port)
+
+
+def test_a_taken_port_or_a_missing_registry_is_named(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        taken = pytest.raises(dist.DistributionError, match=f"port {port} on the controller's loopback is taken")
+        with taken, dist.controller_registry("docker-registry", str(tmp_path / "s"), port, str(tmp_path)):
+            pass
+    missing = pytest.raises(dist.DistributionError, match="apt-get install docker-registry")
+    with missing, dist.controller_registry("/nonexistent/registry", str(tmp_path / "s"), _free_port(), str(tmp_path)):
+        pass
