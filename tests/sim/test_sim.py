@@ -381,6 +381,49 @@ def test_a_failed_pull_stops_the_stage_naming_the_server_and_leaves_the_containe
 
 
 @pytest.fixture
+def unreachable_registry(tmp_path: Path) -> Iterator[str]:
+    """A user's registry that the controller reaches and the servers do not: on the controller's own loopback."""
+    port = REGISTRY_PORT + 1
+    config = tmp_path / "config.yml"
+    config.write_text(
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'storage'}\nhttp:\n"
+        f"  addr: 127.0.0.1:{port}\n"
+    )
+    with (tmp_path / "registry.log").open("w") as log:
+        registry = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            time.sleep(1)
+            yield f"127.0.0.1:{port}/ml"
+        finally:
+            registry.terminate()
+            registry.wait(timeout=10)
+
+
+def test_a_registry_the_servers_cannot_reach_stops_the_stage_naming_each_server(
+    sim_cluster: PlaybookResult, unreachable_registry: str, healthy_again: None
+) -> None:
+    before = {server: node_image(server) for server in SERVERS}
+    with code_change("unreachable registry"):
+        result = site(cluster_registry=unreachable_registry)
+    flat = " ".join(result.stdout.split())
+    assert result.rc != 0
+    for server in SERVERS:
+        # The push went through; each server's own pull failed, and the message names that server and the registry.
+        assert f"{server}: the node image did not arrive from {unreachable_registry}/ddp-cluster/node:" in flat, (
+            result.stdout[-4000:]
+        )
+    assert "the pull failed" in flat and "connection refused" in flat.lower(), result.stdout[-4000:]
+    assert "TASK [node_container" not in result.stdout
+    assert {server: node_image(server) for server in SERVERS} == before
+    # The registry's name for the image was removed on the controller after the push.
+    left = subprocess.run(
+        ["docker", "image", "ls", "-q", f"{unreachable_registry}/*/*"], capture_output=True, text=True
+    )
+    assert left.stdout.strip() == ""
+    assert_no_registry_left()
+
+
+@pytest.fixture
 def users_registry(tmp_path: Path) -> Iterator[str]:
     """A second registry standing in for the user's (Harbor, a cloud one): TLS with its own CA, on the controller's
     address on the sim network, trusted by the controller's and each server's engine through certs.d (no restart)."""
