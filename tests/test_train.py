@@ -142,6 +142,22 @@ def test_failing_rank_stops_the_job_and_is_named(local_cluster: PlaybookResult) 
     assert "exit code 3" in result.stdout
     assert "failing on purpose" in result.stdout  # the last lines of the failed rank's log
     assert no_job_processes("node0", job) and no_job_processes("node1", job)
+    # The doctor read the logs; an exit code with no known message behind it is not guessed at.
+    assert "ddp-cluster doctor: " in result.stdout and "no known failure found in its logs" in result.stdout
+
+
+def test_a_failed_job_is_diagnosed_and_its_log_lines_stay_lines(local_cluster: PlaybookResult, tmp_path: Path) -> None:
+    # A script that imports a sibling module which was not shipped with it (-e script copies one file).
+    script = tmp_path / "train_with_helpers.py"
+    script.write_text("import helpers_of_mine  # noqa: F401\n")
+    result = train(job_id("doctor"), nodes=2, script=str(script))
+    assert result.rc != 0
+    out = result.stdout
+    assert "ModuleNotFoundError: No module named 'helpers_of_mine'" in out, out[-4000:]
+    # Each log line on a line of its own, never joined with literal \n escapes.
+    assert "\\n" not in out.split("Report the failure")[1], out[-4000:]
+    assert "Python module helpers_of_mine is missing on the node" in " ".join(out.split()), out[-4000:]
+    assert "docker/requirements.txt" in out
 
 
 def test_dead_node_fails_the_job_and_resume_finishes_it(local_cluster: PlaybookResult) -> None:

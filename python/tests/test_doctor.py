@@ -1,0 +1,143 @@
+"""``ddp-cluster doctor``: every signature against a fixture holding the tool's real message, the order of
+causes, and the command's output and exit status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ddp_cluster import cli, doctor
+
+FIXTURES = Path(__file__).parent / "data" / "doctor"
+
+# Per fixture: the signature that must come first, and the text of the line that is its evidence.
+EXPECTED = {
+    "node-down.status.json": ("node-down", "reason: node node1 stopped answering ssh"),
+    "killed-oom.log": ("killed-oom", "mpirun noticed that process rank 1 with PID 0 on node node1 exited"),
+    "killed-oom-torchrun.log": ("killed-oom", "E1120 10:00:05.456000 41 torch/distributed/elastic"),
+    "device-unusable.log": ("device-unusable", "node sim-server1 rank 1/2: the job's device is npu"),
+    "import-torch.log": ("import-torch", "ModuleNotFoundError: No module named 'torch'"),
+    "import-cann.log": ("import-cann", "ImportError: libhccl.so: cannot open shared object file"),
+    "hccl-EJ0001.log": ("hccl-EJ0001", "EJ0001: 2026-11-20-10:00:05.167.645 Failed to initialize the HCCP"),
+    "hccl-bind.log": ("hccl-bind", "[ERROR] HCCL(3305,python)"),
+    "hccl-bind-EJ0003.log": ("hccl-bind", "EJ0003: 2026-11-20-10:00:05.001.100 Failed to bind the IP port"),
+    "hccl-EI0004.log": ("hccl-EI0004", "EI0004: The ranktable is invalid"),
+    "hccl-EI0005.log": ("hccl-EI0005", "EI0005: The arguments for collective communication are inconsistent"),
+    "address-in-use.log": ("address-in-use", "[W1120 10:00:05.000000000 socket.cpp:752]"),
+    "ssh-host-key.log": ("ssh-host-key", "Host key verification failed."),
+    "ssh-publickey.log": ("ssh-publickey", "root@node1: Permission denied (publickey)."),
+    "ssh-resolve.log": ("ssh-resolve", "ssh: Could not resolve hostname node3"),
+    "orte-daemons.log": ("orte-daemons", "ORTE was unable to reliably start one or more daemons."),
+    "import-module.log": ("import-module", "ModuleNotFoundError: No module named 'helpers'"),
+    "hccl-EI0006.log": ("hccl-EI0006", "EI0006: Getting socket times out."),
+    "hccl-EI0002.log": ("hccl-EI0002", "[CRITICAL] DEVICE(162844,fffd6cff91e0,python)"),
+    "store-timeout.log": ("store-timeout", "torch.distributed.DistNetworkError: The client socket has timed"),
+    "nccl-timeout.log": ("nccl-timeout", "[rank1]:[E1120 10:30:05.000000000 ProcessGroupNCCL.cpp:616]"),
+    "gloo-connection.log": ("gloo-connection", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair"),
+    "job-timeout.status.json": ("job-timeout", "reason: the job did not finish within job_timeout=600 s"),
+}
+
+
+def place(run_dir: Path, fixture: str, node: str = "node1") -> str:
+    """Put a fixture where train.yml leaves such a file; returns its path relative to the run directory."""
+    if fixture.endswith(".status.json"):
+        relative = "nodes/node0/status.json"
+    elif fixture.startswith(("orte", "ssh-", "killed-oom.")):
+        relative = "nodes/node0/launcher.log"
+    else:
+        relative = f"nodes/{node}/logs/1/rank.1/stdout"
+    target = run_dir / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXTURES / fixture, target)
+    return relative
+
+
+def test_every_signature_has_a_fixture_and_every_fixture_a_signature() -> None:
+    ids = {signature.id for signature in doctor.SIGNATURES}
+    assert len(ids) == len(doctor.SIGNATURES)
+    assert {expected for expected, _ in EXPECTED.values()} == ids
+    on_disk = {path.name for path in FIXTURES.iterdir() if path.name not in ("README.md", "clean.log")}
+    assert on_disk == set(EXPECTED)
+
+
+@pytest.mark.parametrize("fixture", sorted(EXPECTED))
+def test_each_message_is_named_with_its_file_and_line(fixture: str, tmp_path: Path) -> None:
+    relative = place(tmp_path, fixture)
+    findings = doctor.diagnose(tmp_path)
+    expected_id, evidence_start = EXPECTED[fixture]
+    assert findings, f"{fixture}: nothing found"
+    top = findings[0]
+    assert top.signature.id == expected_id, [f.signature.id for f in findings]
+    first = top.evidence[0]
+    assert first.path == relative and first.text.startswith(evidence_start), first
+    if not fixture.endswith(".json"):
+        lines = (FIXTURES / fixture).read_text().splitlines()
+        assert lines[first.line - 1].strip().startswith(evidence_start)
+
+
+def test_a_clean_job_has_nothing_to_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    place(tmp_path, "clean.log")
+    (tmp_path / "status.json").write_text(json.dumps({"state": "succeeded", "reason": "", "exit_code": 0}))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "epoch-00003.ckpt").write_bytes(b"\0\x01 Connection reset by peer")
+    assert doctor.diagnose(tmp_path) == []
+    assert cli.main(["doctor", str(tmp_path)]) == 0
+    assert "no known failure found" in capsys.readouterr().out
+
+
+def test_the_root_cause_comes_before_the_timeouts_it_caused(tmp_path: Path) -> None:
+    # node1 went down; node0's rank then lost its gloo peer and the launcher reported it: the dead node first.
+    place(tmp_path, "gloo-connection.log", node="node0")
+    place(tmp_path, "node-down.status.json")
+    place(tmp_path, "hccl-EI0006.log", node="node2")
+    found = [f.signature.id for f in doctor.diagnose(tmp_path)]
+    assert found == ["node-down", "hccl-EI0006", "gloo-connection"]
+    # A rank killed for memory explains its peers' socket timeouts.
+    other = tmp_path / "other"
+    place(other, "hccl-EI0006.log", node="node0")
+    place(other, "killed-oom-torchrun.log", node="node1")
+    assert doctor.diagnose(other)[0].signature.id == "killed-oom"
+
+
+def test_the_same_message_in_several_files_is_one_cause_with_all_its_evidence(tmp_path: Path) -> None:
+    place(tmp_path, "ssh-resolve.log")
+    (tmp_path / "logs").mkdir()
+    shutil.copy(FIXTURES / "ssh-resolve.log", tmp_path / "logs" / "rank.0.log")
+    findings = doctor.diagnose(tmp_path)
+    assert [f.signature.id for f in findings] == ["ssh-resolve", "orte-daemons"]
+    assert findings[0].cause == "node name node3 does not resolve inside the containers"
+    assert [(e.path, e.line) for e in findings[0].evidence] == [
+        ("logs/rank.0.log", 1),
+        ("nodes/node0/launcher.log", 1),
+    ]
+
+
+def test_the_table_and_the_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    place(tmp_path, "hccl-EI0004.log")
+    assert cli.main(["doctor", str(tmp_path), "--width", "150"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"ddp-cluster doctor: {tmp_path}: 1 likely cause(s), most likely first")
+    header = out.splitlines()[2]
+    assert header.split() == ["#", "cause", "evidence", "(file:line)", "fix"]
+    assert "HCCL EI0004: the rank table or a rank" in out
+    assert "nodes/node1/logs/1/rank.1/stdout:6:" in out
+    assert "`ddp-cluster ip-plan" in out
+
+
+def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    place(tmp_path, "hccl-EJ0001.log")
+    assert cli.main(["doctor", str(tmp_path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    (finding,) = report["findings"]
+    assert finding["id"] == "hccl-EJ0001"
+    evidence = finding["evidence"][0]
+    assert (evidence["path"], evidence["line"]) == ("nodes/node1/logs/1/rank.1/stdout", 5)
+    assert "npu-smi info" in finding["fix"]
+
+
+def test_a_missing_directory_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["doctor", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
