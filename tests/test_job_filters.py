@@ -85,6 +85,18 @@ def test_a_users_script_runs_through_ddp_cluster_run_under_every_launcher() -> N
         assert tail == ["-m", "ddp_cluster.run", f"{JOB_DIR}/train_me.py", "--epochs", "2"], launcher
 
 
+def test_a_project_directory_is_the_ranks_working_directory_under_every_launcher() -> None:
+    for launcher in ("mpirun", "torchrun", "torch_npu_run"):
+        job = plan(launcher=launcher, script="src/train.py", workdir="/home/u/proj")
+        argv = filters.ddp_launch_argv(job, JOB_DIR, ["n/24"])
+        assert argv[argv.index("--wdir") + 1] == f"{JOB_DIR}/workdir", launcher
+        tail = argv[argv.index("ddp_cluster.run") - 1 :]
+        assert tail == ["-m", "ddp_cluster.run", f"{JOB_DIR}/workdir/src/train.py", "--epochs", "2"], launcher
+    # Without one, the job's directory, as before.
+    argv = filters.ddp_launch_argv(plan(script="/home/u/train_me.py"), JOB_DIR, ["n/24"])
+    assert argv[argv.index("--wdir") + 1] == JOB_DIR
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "torch_npu_run"])
 def test_torchrun_like_launchers_run_one_agent_per_node_with_the_runner_named(launcher: str) -> None:
     argv = filters.ddp_launch_argv(plan(launcher=launcher), JOB_DIR, ["n/24"])

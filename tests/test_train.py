@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 import uuid
@@ -17,6 +18,7 @@ from conftest import REPO, PlaybookResult, docker, node_exec, run_playbook, star
 RUNS = REPO / "runs"
 QUICK = "--dataset digits --epochs 4 --batch-size 32 --lr 0.05"
 USER_SCRIPT = REPO / "tests" / "scripts" / "ddp_script.py"
+PROJECT = REPO / "tests" / "projects" / "tiny"
 
 
 def job_id(name: str) -> str:
@@ -35,7 +37,8 @@ def assert_results(job: str, world_size: int) -> None:
     run = RUNS / job
     result = summary(job)
     assert result["world_size"] == world_size
-    assert [f"rank.{rank}.log" for rank in range(world_size)] == sorted(p.name for p in (run / "logs").iterdir())
+    ranks = sorted(p.name for p in (run / "logs").iterdir() if p.name.startswith("rank."))
+    assert [f"rank.{rank}.log" for rank in range(world_size)] == ranks
     assert len((run / "metrics.jsonl").read_text().splitlines()) >= 4
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-00004.ckpt"]
@@ -56,13 +59,21 @@ def test_two_nodes_train_digits(local_cluster: PlaybookResult, launcher: str) ->
     assert "final loss:" in result.stdout and "samples/s:" in result.stdout
 
 
-def test_two_nodes_two_processes_each(local_cluster: PlaybookResult) -> None:
-    job = job_id("2x2")
-    result = train(job, nodes=2, cluster_nproc_per_node=2, script_args=QUICK)
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_two_nodes_two_processes_each(local_cluster: PlaybookResult, launcher: str) -> None:
+    job = job_id(f"2x2-{launcher}")
+    result = train(job, nodes=2, launcher=launcher, cluster_nproc_per_node=2, script_args=QUICK)
     assert result.rc == 0, result.stdout[-5000:]
     assert_results(job, world_size=4)
     hostfile = (RUNS / job / "nodes" / "node0" / "hostfile").read_text().splitlines()
     assert [line for line in hostfile if not line.startswith("#")] == ["node0 slots=2", "node1 slots=2"]
+    # Every worker has a log of its own, also under torchrun (whose agents' logs are agent.N.log).
+    for rank in range(4):
+        log = (RUNS / job / "logs" / f"rank.{rank}.log").read_text()
+        assert f"local rank {rank % 2}/2, node {rank // 2}," in log, (rank, log[-2000:])
+        assert f"local rank {(rank + 1) % 2}/2" not in log, (rank, log[-2000:])
+    agents = sorted(p.name for p in (RUNS / job / "logs").glob("agent.*.log"))
+    assert agents == (["agent.0.log", "agent.1.log"] if launcher == "torchrun" else [])
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
@@ -73,6 +84,38 @@ def test_user_script_runs_unmodified(local_cluster: PlaybookResult, launcher: st
     logs = "\n".join(p.read_text() for p in (RUNS / job / "nodes").rglob("*") if p.is_file())
     assert "user-script rank 0/2" in logs and "user-script rank 1/2" in logs
     assert "identical=True" in logs and "identical=False" not in logs
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_a_whole_project_runs_unmodified_in_its_directory(
+    local_cluster: PlaybookResult, launcher: str, tmp_path: Path
+) -> None:
+    project = tmp_path / "tiny"
+    shutil.copytree(PROJECT, project)
+    # What must stay on the controller: what .gitignore lists, byte code, a git directory.
+    for name in ("scratch/big.bin", "debug.log", "tinyproj/__pycache__/model.cpython-311.pyc", ".git/HEAD"):
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_bytes(b"x" * 100)
+    job = job_id(f"project-{launcher}")
+    result = train(job, nodes=2, launcher=launcher, workdir=str(project), script="train.py",
+                   script_args="--steps=4 --label=from-args")  # fmt: skip
+    assert result.rc == 0, result.stdout[-5000:]
+    logs = "\n".join(p.read_text() for p in (RUNS / job / "nodes").rglob("*.log") if p.is_file())
+    logs += "\n".join(p.read_text() for p in (RUNS / job / "logs").iterdir())
+    for rank in (0, 1):
+        assert f"project rank {rank}/2 cwd=/workspace/jobs/{job}/workdir rows=24 label=from-args" in logs, logs[-3000:]
+    # What rank 0 wrote in its working directory came back; the project as it ran is kept beside the results.
+    written = json.loads((RUNS / job / "nodes" / "node0" / "workdir" / "results" / "result.json").read_text())
+    assert written | {"loss": 0} == {"label": "from-args", "rows": 24, "lr": 0.05, "loss": 0, "world": 2}
+    for node in ("node0", "node1"):
+        shipped = sorted(
+            p.relative_to(RUNS / job / "nodes" / node / "workdir").as_posix()
+            for p in (RUNS / job / "nodes" / node / "workdir").rglob("*")
+            if p.is_file() and "results" not in p.parts
+        )
+        assert shipped == [".gitignore", "conf/config.json", "data/points.csv", "tinyproj/__init__.py",
+                           "tinyproj/data.py", "tinyproj/model.py", "train.py"], shipped  # fmt: skip
+    assert (RUNS / job / "workdir.tar.gz").is_file()
 
 
 @pytest.mark.parametrize(
@@ -88,6 +131,12 @@ def test_user_script_runs_unmodified(local_cluster: PlaybookResult, launcher: st
         ({"nodes": 2, "device": "gpu"}, "device=gpu must be cpu, cuda or npu"),
         ({"nodes": 2, "script": "/nonexistent/train.py"}, "script=/nonexistent/train.py does not exist"),
         ({"nodes": 2, "job_timeout": "soon"}, "job_timeout=soon must be a whole number"),
+        ({"nodes": 2, "workdir": str(PROJECT)}, "needs the script to run in it: add -e script=PATH"),
+        ({"nodes": 2, "workdir": str(PROJECT), "script": "../ddp_script.py"}, "must be a path inside workdir="),
+        (
+            {"nodes": 2, "workdir": str(PROJECT), "script": "train.py", "ddp_job_workdir_max_mb": 0.001},
+            "more than the 1.0 KiB a",
+        ),
     ],
     ids=[
         "missing",
@@ -100,6 +149,9 @@ def test_user_script_runs_unmodified(local_cluster: PlaybookResult, launcher: st
         "device",
         "script",
         "timeout",
+        "workdir-no-script",
+        "workdir-script-outside",
+        "workdir-too-big",
     ],
 )
 def test_bad_request_is_refused_before_anything_starts(
@@ -157,7 +209,7 @@ def test_a_failed_job_is_diagnosed_and_its_log_lines_stay_lines(local_cluster: P
     # Each log line on a line of its own, never joined with literal \n escapes.
     assert "\\n" not in out.split("Report the failure")[1], out[-4000:]
     assert "Python module helpers_of_mine is missing on the node" in " ".join(out.split()), out[-4000:]
-    assert "docker/requirements.txt" in out
+    assert "workdir=DIR" in out and "docker/requirements.txt" in out
 
 
 def test_dead_node_fails_the_job_and_resume_finishes_it(local_cluster: PlaybookResult) -> None:

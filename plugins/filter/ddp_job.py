@@ -146,14 +146,17 @@ def ddp_launch_argv(
     argv += ["--mca", "oob_tcp_if_include", included, "--mca", "orte_abort_on_non_zero_status", "1"]
     if launcher_ports:
         argv += ["--mca", "oob_tcp_static_ipv4_ports", str(launcher_ports)]
-    argv += ["--output-filename", f"{job_dir}/logs", "--merge-stderr-to-stdout", "--wdir", job_dir]
+    # A project directory (workdir) is the ranks' working directory, as it is the user's on their own machine.
+    workdir = f"{job_dir}/workdir" if plan.get("workdir") else ""
+    argv += ["--output-filename", f"{job_dir}/logs", "--merge-stderr-to-stdout", "--wdir", workdir or job_dir]
     argv += ["-x", "PATH", "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
     for name, value in sorted(variables.items()):
         argv += ["-x", f"{name}={value}"]
 
     if script:
         # Through ddp_cluster.run: torchrun-style variables under mpirun, and the device check under every launcher.
-        program = ["-m", "ddp_cluster.run", f"{job_dir}/{script.rsplit('/', 1)[-1]}", *args]
+        path = f"{workdir}/{script}" if workdir else f"{job_dir}/{script.rsplit('/', 1)[-1]}"
+        program = ["-m", "ddp_cluster.run", path, *args]
     else:
         resume = ["--resume"] if plan.get("resume_checkpoint") else []
         program = ["-m", "ddp_cluster.train", "--output-dir", f"{job_dir}/output", *resume, *args]

@@ -15,6 +15,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ip-plan": ("ddp_cluster.ipplan", "check an NPU device-IP plan against the product's rules"),
     "rank-table": ("ddp_cluster.ranktable", "print the HCCL rank table (version 1.0) of an IP plan"),
     "doctor": ("ddp_cluster.doctor", "name the likely cause of a failed job from its logs (runs/<job-id>/)"),
+    "workdir": (
+        "ddp_cluster.workdir",
+        "pack a project directory for every node of a job (train.yml -e workdir)",
+    ),
     "hccn": (
         "ddp_cluster.hccn_cli",
         "what hccn_network would set on this server's NPU NICs (diff), or their health",

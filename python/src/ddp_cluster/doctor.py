@@ -23,7 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Files that are never logs, and the most of one file that is read (a plog rotates at about 20 MB).
-SKIPPED_SUFFIXES = (".ckpt", ".pt", ".pth", ".png", ".gz", ".tar", ".npy", ".npz", ".so")
+# Sources a job shipped (-e script, -e workdir) are not logs: a comment can quote any message.
+SKIPPED_SUFFIXES = (
+    ".ckpt",
+    ".pt",
+    ".pth",
+    ".png",
+    ".gz",
+    ".tar",
+    ".npy",
+    ".npz",
+    ".so",
+    ".py",
+    ".pyc",
+    ".ipynb",
+)
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_LINE_CHARS = 300
 
@@ -175,8 +189,8 @@ SIGNATURES: tuple[Signature, ...] = (
         "import-module",
         r"ModuleNotFoundError: No module named '(?!torch)(?P<module>[^']+)'",
         "Python module {module} is missing on the node",
-        "-e script copies that one file to the nodes: add the package to docker/requirements.txt (or "
-        "training_image_requirements) and run site.yml, or keep the script self-contained",
+        "ship the whole project with -e workdir=DIR -e script=PATH (its own modules, config and data files), "
+        "or add the package to docker/requirements.txt and run site.yml",
         65,
     ),
     _signature(
@@ -331,7 +345,10 @@ def render(run_dir: Path, findings: Sequence[Finding], width: int = 120) -> str:
         rows.append((str(index), finding.cause, evidence, finding.signature.fix))
     out = [head, ""]
     for row in rows:
-        cells = [textwrap.wrap(text, w) or [""] for text, (_, w) in zip(row, columns, strict=True)]
+        cells = [
+            textwrap.wrap(text, w, break_on_hyphens=False) or [""]
+            for text, (_, w) in zip(row, columns, strict=True)
+        ]
         for depth in range(max(len(cell) for cell in cells)):
             parts = [
                 (cell[depth] if depth < len(cell) else "").ljust(w)
