@@ -380,6 +380,19 @@ def test_a_failed_pull_stops_the_stage_naming_the_server_and_leaves_the_containe
     assert_no_registry_left()
 
 
+@contextlib.contextmanager
+def registry_serving(config: Path, log_path: Path) -> Iterator[None]:
+    """Docker's Distribution registry with this configuration while the block runs."""
+    with log_path.open("w") as log:
+        registry = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            time.sleep(1)
+            yield
+        finally:
+            registry.terminate()
+            registry.wait(timeout=10)
+
+
 @pytest.fixture
 def unreachable_registry(tmp_path: Path) -> Iterator[str]:
     """A user's registry that the controller reaches and the servers do not: on the controller's own loopback."""
@@ -389,14 +402,8 @@ def unreachable_registry(tmp_path: Path) -> Iterator[str]:
         f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'storage'}\nhttp:\n"
         f"  addr: 127.0.0.1:{port}\n"
     )
-    with (tmp_path / "registry.log").open("w") as log:
-        registry = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            time.sleep(1)
-            yield f"127.0.0.1:{port}/ml"
-        finally:
-            registry.terminate()
-            registry.wait(timeout=10)
+    with registry_serving(config, tmp_path / "registry.log"):
+        yield f"127.0.0.1:{port}/ml"
 
 
 def test_a_registry_the_servers_cannot_reach_stops_the_stage_naming_each_server(
@@ -445,15 +452,10 @@ def users_registry(tmp_path: Path) -> Iterator[str]:
     for server in SERVERS:
         on_server(server, f"mkdir -p /etc/docker/certs.d/{address}")
         subprocess.run(["docker", "cp", str(cert), f"{server}:/etc/docker/certs.d/{address}/ca.crt"], check=True)
-    log = (tmp_path / "registry.log").open("w")
-    registry = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        time.sleep(1)
-        yield f"{address}/ml"
+        with registry_serving(config, tmp_path / "registry.log"):
+            yield f"{address}/ml"
     finally:
-        registry.terminate()
-        registry.wait(timeout=10)
-        log.close()
         shutil.rmtree(certs[0], ignore_errors=True)
         for server in SERVERS:
             on_server(server, f"rm -rf /etc/docker/certs.d/{address}", check=False)
