@@ -41,6 +41,9 @@ TAIL_LINES = 20
 # mpirun, when a rank exits non-zero / dies of a signal; torchrun's "Root Cause" block.
 MPI_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(-?\d+)")
 MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+# ssh's words when the node's TCP stack answered but its sshd did not finish the login in time (MaxStartups,
+# load): the node is alive, only slow, e.g. while its ranks import torch on a loaded machine.
+SSH_SLOW = re.compile(r"banner exchange|kex_exchange_identification|Connection closed by|Connection reset by")
 TORCHRUN_ROOT = re.compile(r"host\s*:\s*(\S+)\s*\n\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -109,15 +112,17 @@ class Supervisor:
         return self.nodes[index] if 0 <= index < len(self.nodes) else f"rank {rank}"
 
     # --- watching -------------------------------------------------------------------------------------
-    def reachable(self, node: str) -> bool:
+    def probe(self, node: str) -> str:
+        """'up', 'slow' or 'down' (see probe_verdict); only 'down' counts towards declaring a node dead."""
         if node == self.me:
-            return True
+            return "up"
         probe = ["ssh", "-o", f"ConnectTimeout={self.ssh_timeout}", "-o", "BatchMode=yes", node, "true"]
         try:
-            done = subprocess.run(probe, capture_output=True, timeout=self.ssh_timeout + 5, check=False)
+            bound = self.ssh_timeout + 5
+            done = subprocess.run(probe, capture_output=True, text=True, timeout=bound, check=False)
         except subprocess.TimeoutExpired:
-            return False
-        return done.returncode == 0
+            return probe_verdict(None, "")
+        return probe_verdict(done.returncode, done.stderr)
 
     def failure_from_log(self, returncode: int) -> Failure:
         text = read_text(self.job_dir / LAUNCHER_LOG)
@@ -173,8 +178,8 @@ class Supervisor:
                         # A dead node makes its peers' collectives fail first: name the cause.
                         lost = [
                             node
-                            for node, alive in zip(others, pool.map(self.reachable, others), strict=True)
-                            if not alive
+                            for node, verdict in zip(others, pool.map(self.probe, others), strict=True)
+                            if verdict == "down"
                         ]
                         if lost:
                             failure = Failure(
@@ -190,8 +195,9 @@ class Supervisor:
                     failure = Failure(f"the job did not finish within job_timeout={self.timeout:g} s")
                     break
                 if others and time.monotonic() >= next_liveness:
-                    for node, alive in zip(others, pool.map(self.reachable, others), strict=True):
-                        misses[node] = 0 if alive else misses[node] + 1
+                    for node, verdict in zip(others, pool.map(self.probe, others), strict=True):
+                        # A slow node neither counts as a miss nor clears the misses of a node going down.
+                        misses[node] = {"up": 0, "down": misses[node] + 1}.get(verdict, misses[node])
                     lost = [node for node in others if misses[node] >= self.liveness_misses]
                     if lost:
                         failure = Failure(
@@ -267,6 +273,17 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             return ""
         return done.stdout
+
+
+def probe_verdict(returncode: int | None, stderr: str) -> str:
+    """A liveness probe's outcome: 'up' (logged in), 'slow' (the node's TCP stack answered but sshd did not
+    finish in time, or ssh ran past its bound after connecting: alive), 'down' (refused, no route, a name that
+    no longer resolves, no TCP answer at all: the container or the server is gone)."""
+    if returncode == 0:
+        return "up"
+    if returncode is None or SSH_SLOW.search(stderr):
+        return "slow"
+    return "down"
 
 
 def last_line(path: Path) -> str | None:
