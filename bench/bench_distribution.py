@@ -90,6 +90,7 @@ def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
         pulled = re.findall(r"layers_pulled: (\d+)", out)
         if pulled:
             rows[-1] = (*rows[-1][:1], f"{label} (layers pulled: {','.join(pulled)})", *rows[-1][2:])
+        print(" | ".join(rows[-1]), flush=True)  # as it comes: a later failure keeps what was measured
 
     forget_images(servers)
     ship("first: save/load", "save_load")
@@ -111,6 +112,7 @@ def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
     run(servers, "site.yml")
     seconds, sent, _ = run(servers, "site.yml")
     rows.append((f"{servers} servers", "site.yml warm re-run", f"{seconds:.1f}", mb(sent), mb(sent // servers), ""))
+    print(" | ".join(rows[-1]), flush=True)
     figures["warm"] = seconds
     sim("down", servers)
     return rows, figures
