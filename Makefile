@@ -100,6 +100,7 @@ bench: test-deps base-image
 	$(BIN)/python bench/bench_site.py
 	$(BIN)/python bench/bench_train.py
 	$(BIN)/python bench/bench_launch.py
+	$(BIN)/python bench/bench_distribution.py
 
 clean: venv
 	ansible-playbook playbooks/teardown.yml
