@@ -38,6 +38,7 @@ EXPECTED = {
     "nccl-timeout.log": ("nccl-timeout", "[rank1]:[E1120 10:30:05.000000000 ProcessGroupNCCL.cpp:616]"),
     "gloo-connection.log": ("gloo-connection", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair"),
     "job-timeout.status.json": ("job-timeout", "reason: the job did not finish within job_timeout=600 s"),
+    "rank-exit.status.json": ("rank-exit", "rank 1 on node node1 exited with code 3 first"),
 }
 
 
@@ -100,6 +101,13 @@ def test_the_root_cause_comes_before_the_timeouts_it_caused(tmp_path: Path) -> N
     place(other, "hccl-EI0006.log", node="node0")
     place(other, "killed-oom-torchrun.log", node="node1")
     assert doctor.diagnose(other)[0].signature.id == "killed-oom"
+    # A rank that exited with an error of its own comes before the peer that then lost it.
+    third = tmp_path / "third"
+    place(third, "gloo-connection.log", node="node0")
+    place(third, "rank-exit.status.json")
+    findings = doctor.diagnose(third)
+    assert [f.signature.id for f in findings] == ["rank-exit", "gloo-connection"]
+    assert findings[0].fix == "read that rank's own error at the end of its log (logs/rank.1.log)"
 
 
 def test_the_same_message_in_several_files_is_one_cause_with_all_its_evidence(tmp_path: Path) -> None:

@@ -194,6 +194,13 @@ SIGNATURES: tuple[Signature, ...] = (
         65,
     ),
     _signature(
+        "rank-exit",
+        r"^rank (?P<rank>\d+) on node (?P<node>\S+) exited with code (?P<code>-?\d+) first$",
+        "rank {rank} on node {node} exited with code {code} first; the other ranks' errors follow from it",
+        "read that rank's own error at the end of its log (logs/rank.{rank}.log)",
+        62,
+    ),
+    _signature(
         "hccl-EI0006",
         r"EI0006\b|wait socket establish timeout|Getting socket times out",
         "HCCL EI0006: the ranks' connections timed out: a rank exited or started late, device IPs are not "
@@ -270,13 +277,14 @@ class Evidence:
 class Finding:
     signature: Signature
     cause: str
+    fix: str
     evidence: list[Evidence] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "id": self.signature.id,
             "cause": self.cause,
-            "fix": self.signature.fix,
+            "fix": self.fix,
             "evidence": [{"path": e.path, "line": e.line, "text": e.text} for e in self.evidence],
         }
 
@@ -305,8 +313,11 @@ def status_lines(path: Path) -> list[str]:
     if not isinstance(status, dict):
         return []
     lines = [f"reason: {status.get('reason', '')}"]
-    if status.get("signal") == 9 or status.get("exit_code") == 137:
-        lines.append(f'"signal": 9 (rank {status.get("failed_rank")} on node {status.get("failed_node")})')
+    rank, node, code = status.get("failed_rank"), status.get("failed_node"), status.get("exit_code")
+    if status.get("signal") == 9 or code == 137:
+        lines.append(f'"signal": 9 (rank {rank} on node {node})')
+    elif rank is not None and isinstance(code, int) and code != 0:
+        lines.append(f"rank {rank} on node {node} exited with code {code} first")
     return lines
 
 
@@ -316,9 +327,10 @@ def match_lines(relative: str, lines: Iterable[str], found: dict[str, Finding]) 
             match = signature.pattern.search(line)
             if match is None:
                 continue
-            cause = signature.cause.format(**{k: v or "?" for k, v in match.groupdict().items()})
+            values = {name: value or "?" for name, value in match.groupdict().items()}
+            cause = signature.cause.format(**values)
             key = f"{signature.id}:{cause}"
-            finding = found.setdefault(key, Finding(signature, cause))
+            finding = found.setdefault(key, Finding(signature, cause, signature.fix.format(**values)))
             finding.evidence.append(Evidence(relative, number, line.strip()[:MAX_LINE_CHARS]))
 
 
@@ -342,7 +354,7 @@ def render(run_dir: Path, findings: Sequence[Finding], width: int = 120) -> str:
         more = len(finding.evidence) - 1
         evidence = textwrap.shorten(str(finding.evidence[0]), 160, placeholder=" ...")
         evidence += f" (and {more} more)" if more else ""
-        rows.append((str(index), finding.cause, evidence, finding.signature.fix))
+        rows.append((str(index), finding.cause, evidence, finding.fix))
     out = [head, ""]
     for row in rows:
         cells = [
