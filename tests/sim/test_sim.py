@@ -151,7 +151,9 @@ def test_train_across_servers(sim_cluster: PlaybookResult, launcher: str) -> Non
     assert result.rc == 0, result.stdout[-5000:]
     summary = json.loads((RUNS / job / "summary.json").read_text())
     assert summary["world_size"] == 2
-    assert sorted(p.name for p in (RUNS / job / "logs").iterdir()) == ["rank.0.log", "rank.1.log"]
+    # torchrun: each worker's own log, and each node's agent's.
+    agents = ["agent.0.log", "agent.1.log"] if launcher == "torchrun" else []
+    assert sorted(p.name for p in (RUNS / job / "logs").iterdir()) == [*agents, "rank.0.log", "rank.1.log"]
     assert (RUNS / job / "nodes" / "sim-server1").is_dir()
 
 
