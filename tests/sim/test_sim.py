@@ -528,10 +528,10 @@ def test_ascend_node_gets_what_real_training_needs(ascend_cluster: PlaybookResul
 
 
 def npu_reports(job: str) -> list[dict[str, object]]:
-    """The npu_probe.py report of every rank, from the job's fetched logs (launcher prefixes allowed)."""
+    """The npu_probe.py report of every rank, from each rank's own log (the agents' logs repeat them)."""
     return [
         json.loads(line.split("npu-probe ", 1)[1])
-        for log in sorted((RUNS / job / "logs").rglob("*.log"))
+        for log in sorted((RUNS / job / "logs").glob("rank.*.log"))
         for line in log.read_text().splitlines()
         if "npu-probe {" in line
     ]
