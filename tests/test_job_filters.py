@@ -153,3 +153,10 @@ def test_the_jobs_rank_table_filter_gives_the_tables_text() -> None:
     assert table["server_list"][0]["server_id"] == "10.0.0.11"
     with pytest.raises(AnsibleFilterError, match=r"node s1: .*span both groups"):
         filters.ddp_job_rank_table(data, ["s1"], 4, {"s1": "2,3,4,5"})
+
+
+def test_a_report_keeps_every_line_printable_as_a_block() -> None:
+    lines = ["job j1 failed: a rank exited with an error", "Traceback:\t(most recent call last)  ", "bell\x07 end\r", 3]
+    assert filters.ddp_report_text(lines) == (
+        "job j1 failed: a rank exited with an error\nTraceback:  (most recent call last)\nbell end\n3"
+    )

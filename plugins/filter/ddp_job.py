@@ -4,6 +4,7 @@ table."""
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -171,10 +172,20 @@ def ddp_launch_argv(
     return argv + program  # "-m MODULE ...": torchrun's own -m, as python's
 
 
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def ddp_report_text(lines: Sequence[object]) -> str:
+    """Lines joined for a message that the YAML callback prints as a block, each line as it is: a tab, a control
+    character or a trailing space anywhere makes it fall back to one quoted, folded line with \\n escapes."""
+    return "\n".join(CONTROL.sub("", str(line).expandtabs(4)).rstrip() for line in lines)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "ddp_split_args": ddp_split_args,
+            "ddp_report_text": ddp_report_text,
             "ddp_job_probe": ddp_job_probe,
             "ddp_job_networks": ddp_job_networks,
             "ddp_job_rank_table": ddp_job_rank_table,
