@@ -16,6 +16,7 @@ Standard library only (it runs on the controller).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -24,6 +25,8 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from ddp_cluster.atomic import write_atomic
 
 ALWAYS_SKIPPED_DIRS = frozenset({".git", "__pycache__", ".hg", ".svn"})
 ALWAYS_SKIPPED_SUFFIXES = (".pyc", ".pyo")
@@ -162,12 +165,12 @@ def pack(root: Path, script: str, output: Path, max_bytes: int) -> dict[str, obj
     files = project_files(root)
     entry = check_script(root, script, files)
     total = check_size(root, files, max_bytes)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + ".part")
-    with tarfile.open(partial, "w:gz") as tar:
+    # In memory (the project is bounded), then one atomic write: no half archive is ever left behind.
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for path in files:
             tar.add(root / path, arcname=path.as_posix(), recursive=False)
-    partial.replace(output)
+    write_atomic(output, buffer.getvalue())
     return {"files": len(files), "bytes": total, "script": entry}
 
 
