@@ -197,7 +197,10 @@ class Supervisor:
                 if others and time.monotonic() >= next_liveness:
                     for node, verdict in zip(others, pool.map(self.probe, others), strict=True):
                         # A slow node neither counts as a miss nor clears the misses of a node going down.
-                        misses[node] = {"up": 0, "down": misses[node] + 1}.get(verdict, misses[node])
+                        if verdict == "up":
+                            misses[node] = 0
+                        elif verdict == "down":
+                            misses[node] += 1
                     lost = [node for node in others if misses[node] >= self.liveness_misses]
                     if lost:
                         failure = Failure(

@@ -36,7 +36,7 @@ def worker_logs(target: Path, node_index: int, nproc: int, logs: Path) -> None:
 def main(run_dir: Path, first: str, nodes: list[str], torchrun_nproc: int | None = None) -> None:
     incoming = run_dir / ".incoming"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    for node in nodes:
+    for index, node in enumerate(nodes):
         archive = incoming / f"{node}.tar.gz"
         if not archive.exists():
             print(f"{node}: no archive came back", file=sys.stderr)
@@ -50,7 +50,7 @@ def main(run_dir: Path, first: str, nodes: list[str], torchrun_nproc: int | None
             if match := RANK_LOG.match(relative):
                 shutil.copyfile(path, run_dir / "logs" / f"{name}.{match.group(1)}.log")
         if torchrun_nproc:
-            worker_logs(target, nodes.index(node), torchrun_nproc, run_dir / "logs")
+            worker_logs(target, index, torchrun_nproc, run_dir / "logs")
         if node == first and (target / "output").is_dir():
             for item in (target / "output").iterdir():
                 destination = run_dir / item.name
