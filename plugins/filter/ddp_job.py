@@ -154,7 +154,10 @@ def ddp_launch_argv(
     for name, value in sorted(variables.items()):
         argv += ["-x", f"{name}={value}"]
 
-    if script:
+    if plan.get("kind", "train") != "train":
+        # The health gate (check.yml, preflight): the same launcher, environment and backend as a job.
+        program = ["-m", "ddp_cluster.gate", "--output-dir", f"{job_dir}/output", *args]
+    elif script:
         # Through ddp_cluster.run: torchrun-style variables under mpirun, and the device check under every launcher.
         path = f"{workdir}/{script}" if workdir else f"{job_dir}/{script.rsplit('/', 1)[-1]}"
         program = ["-m", "ddp_cluster.run", path, *args]

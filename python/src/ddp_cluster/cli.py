@@ -15,6 +15,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ip-plan": ("ddp_cluster.ipplan", "check an NPU device-IP plan against the product's rules"),
     "rank-table": ("ddp_cluster.ranktable", "print the HCCL rank table (version 1.0) of an IP plan"),
     "doctor": ("ddp_cluster.doctor", "name the likely cause of a failed job from its logs (runs/<job-id>/)"),
+    "health": (
+        "ddp_cluster.health",
+        "print a health gate's results (runs/<id>/health.json); exit 1 if it failed",
+    ),
     "workdir": (
         "ddp_cluster.workdir",
         "pack a project directory for every node of a job (train.yml -e workdir)",

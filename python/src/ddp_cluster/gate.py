@@ -1,0 +1,304 @@
+"""The health gate, run on every rank of a job: ``python -m ddp_cluster.gate --output-dir DIR``.
+
+``check.yml`` (and ``train.yml -e preflight=true``) start it like a training job: under the job's launcher,
+with its environment, on its device and backend (gloo, nccl or hccl). Each rank reports its versions, its
+visible device count and the variables that steer collectives; then all ranks run an all-reduce over a sweep
+of sizes (nccl-tests' figures: time, algbw, busbw), check one all-reduce's sums, and the first rank of every
+node runs an all-reduce with each of its two neighbours on a ring of the nodes, the ring's pairs measured in
+two or three phases of disjoint pairs. Rank 0 judges (:func:`ddp_cluster.health.verdict`), writes
+``DIR/health.json`` and prints the report. The exit status is 0 whenever the measurements completed: the
+verdict is in health.json (``ddp-cluster health`` exits 1 on a failed gate); a rank that cannot take part
+fails like a job's rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddp_cluster import health
+from ddp_cluster.atomic import write_atomic
+from ddp_cluster.device import Placement, requested_device, select_placement, where
+from ddp_cluster.distenv import DistEnv, resolve_dist_env
+from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.train import process_group
+
+CANN_INFO = ("ascend_toolkit_install.info", "version=")
+NPU_DRIVER_INFO = Path("/usr/local/Ascend/driver/version.info")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ddp_cluster.gate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output-dir", type=Path, required=True, help="where rank 0 writes health.json")
+    p.add_argument(
+        "--min-bytes", type=int, default=4096, help="smallest all-reduce of the sweep (default 4 KiB)"
+    )
+    p.add_argument(
+        "--max-bytes", type=int, default=16 << 20, help="largest, and the pairs' size (default 16 MiB)"
+    )
+    p.add_argument("--factor", type=int, default=4, help="each size this many times the last (default 4)")
+    p.add_argument(
+        "--seconds-per-size", type=float, default=0.2, help="time spent timing each size (default 0.2)"
+    )
+    p.add_argument(
+        "--max-iterations", type=int, default=20, help="most timed operations per size (default 20)"
+    )
+    p.add_argument("--fraction", type=float, default=0.5, help="a node or link below this x the median fails")
+    p.add_argument(
+        "--floor-gbps", type=float, default=0.0, help="a pair below this busbw fails (0: no floor)"
+    )
+    p.add_argument("--ignore", default="", help="comma-separated settings whose differences are accepted")
+    p.add_argument("--dist-timeout", type=float, default=120.0, help="seconds a collective may wait")
+    args = p.parse_args(argv)
+    try:
+        args.sizes = health.sweep_sizes(args.min_bytes, args.max_bytes, args.factor)
+        args.thresholds = health.Thresholds(args.fraction, args.floor_gbps)
+    except ValueError as error:
+        p.error(str(error))
+    if args.seconds_per_size <= 0 or args.max_iterations < 1:
+        p.error("--seconds-per-size must be above 0 and --max-iterations at least 1")
+    args.ignore = [name.strip() for name in args.ignore.split(",") if name.strip()]
+    return args
+
+
+def _read_value(path: Path, key: str) -> str | None:
+    """The value after ``key`` on the first line of ``path`` that starts with it (CANN's and the driver's
+    version files), None when absent."""
+    try:
+        for line in path.read_text(errors="replace").splitlines():
+            if line.strip().startswith(key):
+                return line.strip()[len(key) :].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _command_first_line(argv: Sequence[str]) -> str | None:
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = result.stdout.strip().splitlines()
+    return lines[0].strip() if result.returncode == 0 and lines else None
+
+
+def _node_addresses(interface: str) -> list[str]:
+    """The node's IPv4 addresses on ``interface`` (ip -o -4 addr), without prefix."""
+    if not interface or shutil.which("ip") is None:
+        return []
+    result = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "dev", interface],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=15,
+    )
+    return [field.split("/")[0] for line in result.stdout.splitlines() for field in line.split()[3:4]]
+
+
+def versions(placement: Placement) -> dict[str, str | None]:
+    """What this rank runs on: Python, torch, and where present torch_npu, CUDA, the GPU or NPU driver and
+    CANN."""
+    found: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
+    if importlib.util.find_spec("torch_npu") is not None:
+        try:
+            found["torch_npu"] = str(getattr(importlib.import_module("torch_npu"), "__version__", "unknown"))
+        except Exception as error:  # the report says why it does not import; the device check fails the job
+            found["torch_npu"] = f"does not import ({type(error).__name__})"
+    if torch.version.cuda:
+        found["cuda"] = torch.version.cuda
+        found["gpu_driver"] = _command_first_line(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        )
+    toolkit = os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
+    cann = _read_value(Path(toolkit) / CANN_INFO[0], CANN_INFO[1])
+    if cann is not None:
+        found["cann"] = cann
+    driver = _read_value(NPU_DRIVER_INFO, "Version=")
+    if driver is not None:
+        found["npu_driver"] = driver
+    return found
+
+
+def device_count(placement: Placement) -> int | None:
+    """The devices this rank sees of the job's kind (None on cpu)."""
+    if placement.kind == "cuda":
+        return int(torch.cuda.device_count())
+    if placement.kind == "npu":
+        return int(torch.npu.device_count())  # type: ignore[attr-defined]
+    return None
+
+
+def local_report(env: DistEnv, placement: Placement) -> dict[str, Any]:
+    interface = os.environ.get("DDP_NETWORK_INTERFACE", "")
+    return {
+        "node": os.environ.get("DDP_NODE_NAME") or platform.node(),
+        "rank": env.rank,
+        "local_rank": env.local_rank,
+        "node_rank": env.node_rank,
+        "versions": versions(placement),
+        "devices": device_count(placement),
+        "variables": health.steering_variables(os.environ, interface, _node_addresses(interface)),
+    }
+
+
+class Measure:
+    """Timed all-reduces on the job's device: one warm-up, one probe that every rank of the group agrees on
+    (the slowest rank's time), then as many operations as fit in the time budget, at least 1."""
+
+    def __init__(self, placement: Placement, seconds_per_size: float, max_iterations: int) -> None:
+        self.device = placement.device
+        self.sync: Callable[[], None] = _synchronizer(placement.kind)
+        self.seconds_per_size = seconds_per_size
+        self.max_iterations = max_iterations
+
+    def slowest(self, seconds: float, group: Any = None) -> float:
+        value = torch.tensor([seconds], dtype=torch.float32, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        return float(value.item())
+
+    def allreduce(self, nbytes: int, group: Any = None) -> tuple[float, int]:
+        """Seconds per all-reduce of ``nbytes`` (the group's slowest rank) and the operations timed."""
+        tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=self.device)
+        dist.all_reduce(tensor, group=group)
+        self.sync()
+        start = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        self.sync()
+        probe = self.slowest(time.perf_counter() - start, group)
+        iterations = max(1, min(self.max_iterations, int(self.seconds_per_size / max(probe, 1e-6))))
+        self.sync()
+        start = time.perf_counter()
+        for _ in range(iterations):
+            dist.all_reduce(tensor, group=group)
+        self.sync()
+        return self.slowest((time.perf_counter() - start) / iterations, group), iterations
+
+    def check_sums(self, world_size: int, rank: int) -> dict[str, Any]:
+        """An all-reduce whose result is known: each rank adds rank + 1, so every element is n(n+1)/2."""
+        tensor = torch.full((1024,), float(rank + 1), dtype=torch.float32, device=self.device)
+        dist.all_reduce(tensor)
+        expected = world_size * (world_size + 1) / 2
+        ok = bool(torch.all(tensor == expected).item())
+        return {"ok": ok, "expected": expected, "got": float(tensor[0].item())}
+
+
+def _synchronizer(kind: str) -> Callable[[], None]:
+    if kind == "cuda":
+        return torch.cuda.synchronize
+    if kind == "npu":
+        return torch.npu.synchronize  # type: ignore[attr-defined, no-any-return]
+    return lambda: None
+
+
+def measure_pairs(
+    measure: Measure, reports: Sequence[dict[str, Any]], rank: int, nbytes: int
+) -> list[dict[str, Any]]:
+    """All-reduces between the first ranks of neighbouring nodes on the ring, phase by phase; every rank takes
+    part in making the groups and in the barriers, and receives every pair's figure."""
+    leaders: dict[int, dict[str, Any]] = {}
+    for report in reports:
+        if report["local_rank"] == 0:
+            leaders.setdefault(int(report["node_rank"]), report)
+    order = [leaders[index] for index in sorted(leaders)]
+    pairs = health.ring_pairs(len(order))
+    groups = [dist.new_group([order[a]["rank"], order[b]["rank"]]) for a, b in pairs]
+    mine: list[dict[str, Any]] = []
+    for phase in health.ring_phases(len(order)):
+        for index in phase:
+            a, b = pairs[index]
+            if rank in (order[a]["rank"], order[b]["rank"]):
+                seconds, iterations = measure.allreduce(nbytes, groups[index])
+                row = health.allreduce_row(nbytes, seconds, 2, iterations)
+                mine.append({"a": order[a]["node"], "b": order[b]["node"], **row})
+        dist.barrier()
+    everyone: list[list[dict[str, Any]]] = [[] for _ in reports]
+    dist.all_gather_object(everyone, mine)
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for rows in everyone:
+        for row in rows:
+            seen.setdefault((row["a"], row["b"]), row)
+    return [
+        seen[(order[a]["node"], order[b]["node"])]
+        for a, b in pairs
+        if (order[a]["node"], order[b]["node"]) in seen
+    ]
+
+
+def run_gate(args: argparse.Namespace, env: DistEnv, placement: Placement) -> dict[str, Any] | None:
+    started = time.perf_counter()
+    reports: list[dict[str, Any]] = [{} for _ in range(env.world_size)]
+    dist.all_gather_object(reports, local_report(env, placement))
+    measure = Measure(placement, args.seconds_per_size, args.max_iterations)
+    sweep = []
+    for nbytes in args.sizes:
+        seconds, iterations = measure.allreduce(nbytes)
+        sweep.append(health.allreduce_row(nbytes, seconds, env.world_size, iterations))
+    check = measure.check_sums(env.world_size, env.rank)
+    checks: list[dict[str, Any]] = [{} for _ in range(env.world_size)]
+    dist.all_gather_object(checks, check)
+    wrong = [rank for rank, result in enumerate(checks) if not result["ok"]]
+    pairs = measure_pairs(measure, reports, env.rank, args.sizes[-1])
+    if env.rank != 0:
+        return None
+    nodes = list(dict.fromkeys(str(report["node"]) for report in sorted(reports, key=lambda r: r["rank"])))
+    result: dict[str, Any] = {
+        "job": os.environ.get("DDP_JOB_ID", ""),
+        "nodes": nodes,
+        "world_size": env.world_size,
+        "backend": placement.backend,
+        "device": placement.kind,
+        "launcher": os.environ.get("DDP_LAUNCHER", env.launcher),
+        "thresholds": {"fraction": args.thresholds.fraction, "floor_gbps": args.thresholds.floor_gbps},
+        "ignore": args.ignore,
+        "reports": reports,
+        "sweep": sweep,
+        "check": {
+            "ok": not wrong,
+            "expected": check["expected"],
+            "wrong_ranks": wrong,
+            "got": [checks[rank]["got"] for rank in wrong],
+        },
+        "pairs": pairs,
+    }
+    result["seconds"] = round(time.perf_counter() - started, 3)
+    result["verdict"] = health.verdict(result)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    env: DistEnv | None = None
+    try:
+        env = resolve_dist_env()
+        placement = select_placement(requested_device(), "auto", env)
+        with process_group(env, placement, args.dist_timeout):
+            result = run_gate(args, env, placement)
+    except DdpClusterError as error:
+        print(f"ddp_cluster.gate: {where(env)}: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    if result is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.output_dir / health.HEALTH_FILE, (json.dumps(result, indent=2) + "\n").encode())
+        print(health.render(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""Real 3-process gloo runs of ``python -m ddp_cluster.gate`` on this host, each process a "node" of its own
+(torchrun's variables with GROUP_RANK), as check.yml starts it on a cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import clean_environ, free_port
+
+from ddp_cluster import health
+
+# Small and quick: the figures are not judged here (the fraction is low), only what the gate reports.
+QUICK = ["--min-bytes", "4096", "--max-bytes", "65536", "--seconds-per-size", "0.05", "--fraction", "0.01"]
+
+
+def run_gate(
+    tmp_path: Path, nodes: int, extra_env: dict[int, dict[str, str]] | None = None
+) -> dict[str, Any]:
+    port = free_port()
+    out = tmp_path / "out"
+    procs = []
+    for rank in range(nodes):
+        env = clean_environ() | {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(nodes),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "DDP_NODE_NAME": f"node{rank}",
+            "DDP_DEVICE": "cpu",
+            "DDP_LAUNCHER": "torchrun",
+        }
+        env |= (extra_env or {}).get(rank, {})
+        command = [sys.executable, "-m", "ddp_cluster.gate", "--output-dir", str(out), *QUICK]
+        procs.append(
+            subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * nodes, "\n".join(outputs)
+    assert outputs[0].startswith("health gate "), outputs[0]
+    return health.load(out)
+
+
+def test_the_gate_measures_every_size_and_every_pair_of_the_ring(tmp_path: Path) -> None:
+    results = run_gate(tmp_path, 3)
+    assert results["nodes"] == ["node0", "node1", "node2"]
+    assert (results["world_size"], results["backend"], results["device"]) == (3, "gloo", "cpu")
+    assert [row["bytes"] for row in results["sweep"]] == [4096, 16384, 65536]
+    assert all(
+        row["time_us"] > 0 and row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 4 / 3, rel=0.01)
+        for row in results["sweep"]
+    )
+    assert [(pair["a"], pair["b"]) for pair in results["pairs"]] == [
+        ("node0", "node1"),
+        ("node1", "node2"),
+        ("node2", "node0"),
+    ]
+    assert results["check"] == {"ok": True, "expected": 6.0, "wrong_ranks": [], "got": []}
+    assert results["reports"][1]["versions"]["torch"] == __import__("torch").__version__
+    assert results["verdict"]["passed"], results["verdict"]
+
+
+def test_a_variable_set_on_one_node_only_fails_the_gate_naming_that_node(tmp_path: Path) -> None:
+    results = run_gate(tmp_path, 3, {1: {"NCCL_DEBUG": "INFO"}})
+    assert not results["verdict"]["passed"]
+    assert results["verdict"]["problems"] == [
+        "NCCL_DEBUG differs: node node1 (rank 1) has 'INFO'; the others have it unset"
+    ]
+    report = json.dumps(results["verdict"]["differences"])
+    assert "node1" in report and "node0" not in report
