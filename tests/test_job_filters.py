@@ -108,6 +108,21 @@ def test_torchrun_like_launchers_run_one_agent_per_node_with_the_runner_named(la
     assert argv[argv.index("--master-addr") + 1] == "sim-server0"
 
 
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun", "torch_npu_run"])
+@pytest.mark.parametrize("kind", ["check", "preflight"])
+def test_the_health_gate_runs_under_the_jobs_own_launcher_and_environment(launcher: str, kind: str) -> None:
+    gate_args = ["--max-bytes", "65536", "--fraction", "0.5"]
+    job = plan(kind="train", launcher=launcher, script_args=["--epochs", "2"])
+    gate = plan(kind=kind, launcher=launcher, script_args=gate_args, script="", workdir="")
+    job_argv = filters.ddp_launch_argv(job, JOB_DIR, ["n/24"], {"NCCL_DEBUG": "INFO"})
+    gate_argv = filters.ddp_launch_argv(gate, JOB_DIR, ["n/24"], {"NCCL_DEBUG": "INFO"})
+    program = ["-m", "ddp_cluster.gate", "--output-dir", f"{JOB_DIR}/output", *gate_args]
+    assert gate_argv[-len(program) :] == program
+    # everything before the program, launcher and environment, is the job's own
+    assert gate_argv[: -len(program)] == job_argv[: job_argv.index("-m", len(job_argv) - 8)]
+    assert exported(gate_argv)["NCCL_DEBUG"] == "INFO"
+
+
 def test_unknown_launcher_or_device_or_no_network_is_refused() -> None:
     with pytest.raises(AnsibleFilterError, match="launcher='deepspeed' is unknown"):
         filters.ddp_launch_argv(plan(launcher="deepspeed"), JOB_DIR, ["n/24"])

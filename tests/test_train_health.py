@@ -1,0 +1,129 @@
+"""The health gate on the local cluster: check.yml alone and train.yml -e preflight=true; a clean cluster passes, a
+node whose link is slowed (tc in its network namespace) is named, a node whose environment differs is named, a
+node that is down is reported like a job's. Runs after test_train.py: it brings a third node up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, STATE_DIR, PlaybookResult, docker, run_playbook
+
+RUNS = REPO / "runs"
+THREE = {"DDP_LOCAL_NODES": "3"}
+
+
+def job_id(name: str) -> str:
+    return f"test-health-{name}-{uuid.uuid4().hex[:6]}"
+
+
+def health_of(run: Path) -> dict[str, object]:
+    results: dict[str, object] = json.loads((run / "health.json").read_text())
+    return results
+
+
+def check(job: str, nodes: int, **extravars: object) -> PlaybookResult:
+    env = THREE if nodes == 3 else None
+    return run_playbook("check.yml", extravars={"job_id": job, "nodes": nodes, **extravars}, env=env)
+
+
+def test_a_clean_cluster_passes_the_gate(local_cluster: PlaybookResult) -> None:
+    job = job_id("clean")
+    result = check(job, 2)
+    assert result.rc == 0, result.stdout[-5000:]
+    assert "health gate PASSED: 2 node(s), 2 rank(s), gloo on cpu, mpirun" in result.stdout
+    assert "algbw (GB/s)  busbw (GB/s)" in result.stdout and "node0 <-> node1" in result.stdout
+    results = health_of(RUNS / job)
+    assert results["verdict"]["passed"] and results["nodes"] == ["node0", "node1"]  # type: ignore[index]
+    sweep = results["sweep"]
+    assert [row["bytes"] for row in sweep] == [4096 * 4**step for step in range(7)]  # type: ignore[attr-defined]
+    assert all(row["busbw_gbps"] > 0 for row in sweep)  # type: ignore[attr-defined]
+    variables = results["reports"][1]["variables"]  # type: ignore[index]
+    assert variables["GLOO_SOCKET_IFNAME"] == "<the node's cluster interface>"
+    assert f"health gate {job}: succeeded after" in result.stdout
+    assert "final loss:" not in result.stdout  # no training summary for a gate
+
+
+def test_preflight_runs_the_gate_then_the_job_and_keeps_its_results(local_cluster: PlaybookResult) -> None:
+    job = job_id("preflight")
+    args = "--dataset digits --epochs 2 --batch-size 32 --lr 0.05"
+    result = run_playbook(
+        "train.yml",
+        extravars={"job_id": job, "nodes": 2, "preflight": True, "launcher": "torchrun", "script_args": args},
+    )
+    assert result.rc == 0, result.stdout[-5000:]
+    gate, job_text = result.stdout.split("PLAY [Plan the job]")
+    assert "health gate PASSED" in gate and f"health gate {job}-preflight: succeeded" in gate
+    assert f"job {job}: succeeded" in job_text
+    assert f"health gate: passed before the job, {RUNS / job}/health.json" in job_text
+    assert health_of(RUNS / job)["launcher"] == "torchrun"
+    assert (RUNS / job / "preflight" / "health.json").read_bytes() == (RUNS / job / "health.json").read_bytes()
+    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
+
+
+@pytest.fixture(scope="module")
+def three_nodes(local_cluster: PlaybookResult) -> Iterator[None]:
+    result = run_playbook("site.yml", env=THREE)
+    assert result.rc == 0, result.stdout[-5000:]
+    yield
+
+
+def nsenter_tc(node: str, *args: str) -> subprocess.CompletedProcess[str]:
+    pid = docker("inspect", "-f", "{{.State.Pid}}", node).stdout.strip()
+    return subprocess.run(["nsenter", "-t", pid, "-n", "tc", *args], capture_output=True, text=True, check=False)
+
+
+def test_a_node_with_a_slow_link_is_named(three_nodes: None) -> None:
+    job = job_id("slow")
+    # netem is not in this kernel; a token bucket on node1's interface slows everything node1 sends.
+    slowed = nsenter_tc(
+        "node1", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "200mbit", "burst", "64kb", "latency", "100ms"
+    )
+    assert slowed.returncode == 0, slowed.stderr
+    try:
+        result = check(job, 3)
+    finally:
+        nsenter_tc("node1", "qdisc", "del", "dev", "eth0", "root")
+    assert result.rc != 0
+    assert f"health gate {job} failed: node node1 is slow: its best pair reached" in result.stdout, result.stdout[
+        -4000:
+    ]
+    verdict = health_of(RUNS / job)["verdict"]
+    assert len(verdict["problems"]) == 1  # type: ignore[index]
+    assert [row["node"] for row in verdict["node_figures"] if row["slow"]] == ["node1"]  # type: ignore[index]
+
+
+def test_a_node_whose_environment_differs_is_named_and_preflight_starts_nothing(three_nodes: None) -> None:
+    job = job_id("env")
+    env_file = STATE_DIR / "node2" / "etc" / "node.env"
+    original = env_file.read_text()
+    env_file.write_text(original + "export NCCL_SOCKET_NTHREADS=4\n")
+    try:
+        result = run_playbook("train.yml", extravars={"job_id": job, "nodes": 3, "preflight": True}, env=THREE)
+    finally:
+        env_file.write_text(original)
+    assert result.rc != 0
+    assert (
+        f"health gate {job}-preflight failed: NCCL_SOCKET_NTHREADS differs: node node2 (rank 2) has '4'; the others"
+        " have it unset; the job was not started" in result.stdout
+    ), result.stdout[-4000:]
+    assert "PLAY [Plan the job]" not in result.stdout
+    assert not (STATE_DIR / "node0" / "workspace" / "jobs" / job).exists()
+    assert health_of(RUNS / job)["verdict"]["passed"] is False  # type: ignore[index]
+
+
+def test_a_node_that_is_down_is_reported_like_a_jobs(three_nodes: None) -> None:
+    job = job_id("down")
+    docker("stop", "-t", "1", "node2")
+    try:
+        result = check(job, 3)
+    finally:
+        docker("start", "node2")
+    assert result.rc != 0
+    assert "node2: the node container node2 does not run" in result.stdout, result.stdout[-4000:]
+    assert not (STATE_DIR / "node0" / "workspace" / "jobs" / job).exists()
