@@ -157,6 +157,16 @@ def test_train_across_servers(sim_cluster: PlaybookResult, launcher: str) -> Non
     assert (RUNS / job / "nodes" / "sim-server1").is_dir()
 
 
+def test_the_health_gate_measures_across_servers_through_their_firewalls(sim_cluster: PlaybookResult) -> None:
+    job = job_id("check")
+    result = run_playbook("check.yml", extravars={"job_id": job, "nodes": 2}, inventory=SIM)
+    assert result.rc == 0, result.stdout[-5000:]
+    assert "health gate PASSED: 2 node(s), 2 rank(s), gloo on cpu, mpirun" in result.stdout
+    results = json.loads((RUNS / job / "health.json").read_text())
+    assert [(pair["a"], pair["b"]) for pair in results["pairs"]] == [("sim-server0", "sim-server1")]
+    assert results["pairs"][0]["busbw_gbps"] > 0 and results["check"]["ok"]
+
+
 def test_firewall_lets_the_servers_through_and_keeps_everyone_else_out(sim_cluster: PlaybookResult) -> None:
     rules = on_server("sim-server1", "ufw status").stdout
     assert "Status: active" in rules
@@ -579,6 +589,30 @@ def test_ascend_job_on_one_node_trains_on_cpu_when_asked_with_its_own_rank_table
     table = json.loads((RUNS / job / "nodes" / "sim-server0" / "rank_table.json").read_text())
     assert table["server_count"] == "1"
     assert [device["device_id"] for device in table["server_list"][0]["device"]] == ["0"]
+
+
+def test_ascend_gate_reports_cann_and_the_driver_and_names_a_server_whose_driver_differs(
+    ascend_cluster: PlaybookResult,
+) -> None:
+    job = job_id("npu-check")
+    result = run_playbook("check.yml", extravars={"job_id": job, "nodes": 2, "device": "cpu"}, inventory=SIM_ASCEND)
+    assert result.rc == 0, result.stdout[-5000:]
+    report = json.loads((RUNS / job / "health.json").read_text())["reports"][1]
+    assert report["versions"]["cann"] == "8.0.0" and report["versions"]["npu_driver"] == "23.0.0"
+    assert report["versions"]["torch_npu"] == "2.1.0.post-ddp-sim"
+    # The driver is the server's, mounted into its node: one server upgraded alone is named.
+    info = "/usr/local/Ascend/driver/version.info"
+    on_server("sim-server1", f"sed -i.orig 's/^Version=23.0.0$/Version=24.1.0/' {info}")
+    try:
+        job = job_id("npu-driver")
+        result = run_playbook("check.yml", extravars={"job_id": job, "nodes": 2, "device": "cpu"}, inventory=SIM_ASCEND)
+    finally:
+        on_server("sim-server1", f"mv {info}.orig {info}")
+    assert result.rc != 0
+    assert (
+        f"health gate {job} failed: npu_driver differs: node sim-server0 (rank 0) has '23.0.0'; node sim-server1"
+        " (rank 1) has '24.1.0'; no value is held by a majority" in result.stdout
+    ), result.stdout[-5000:]
 
 
 def test_ascend_rank_that_cannot_use_the_npu_fails_the_job_naming_it(ascend_cluster: PlaybookResult) -> None:
