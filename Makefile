@@ -64,8 +64,8 @@ lint: test-deps
 	yamllint -s .
 	ansible-lint
 	cd python && ruff check . && ruff format --check . && mypy
-	ruff check tests bench plugins inventories/local/hosts.py molecule roles/ddp_job/files roles/*/library
-	ruff format --check tests bench plugins inventories/local/hosts.py molecule roles/ddp_job/files roles/*/library
+	ruff check tests bench plugins inventories/local/hosts.py molecule roles/*/library
+	ruff format --check tests bench plugins inventories/local/hosts.py molecule roles/*/library
 
 unit: test-deps
 	cd python && pytest -q

@@ -19,21 +19,22 @@ QUICK = ["--min-bytes", "4096", "--max-bytes", "65536", "--seconds-per-size", "0
 
 
 def run_gate(
-    tmp_path: Path, nodes: int, extra_env: dict[int, dict[str, str]] | None = None
+    tmp_path: Path, nodes: int, extra_env: dict[int, dict[str, str]] | None = None, per_node: int = 1
 ) -> dict[str, Any]:
     port = free_port()
     out = tmp_path / "out"
     procs = []
-    for rank in range(nodes):
+    world = nodes * per_node
+    for rank in range(world):
         env = clean_environ() | {
             "RANK": str(rank),
-            "WORLD_SIZE": str(nodes),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-            "GROUP_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node),
+            "GROUP_RANK": str(rank // per_node),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
-            "DDP_NODE_NAME": f"node{rank}",
+            "DDP_NODE_NAME": f"node{rank // per_node}",
             "DDP_DEVICE": "cpu",
             "DDP_LAUNCHER": "torchrun",
         }
@@ -43,7 +44,7 @@ def run_gate(
             subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )
     outputs = [proc.communicate(timeout=120)[0] for proc in procs]
-    assert [proc.returncode for proc in procs] == [0] * nodes, "\n".join(outputs)
+    assert [proc.returncode for proc in procs] == [0] * world, "\n".join(outputs)
     assert outputs[0].startswith("health gate "), outputs[0]
     return health.load(out)
 
@@ -75,3 +76,14 @@ def test_a_variable_set_on_one_node_only_fails_the_gate_naming_that_node(tmp_pat
     ]
     report = json.dumps(results["verdict"]["differences"])
     assert "node1" in report and "node0" not in report
+
+
+def test_with_several_processes_per_node_the_pairs_are_between_the_nodes_first_ranks(tmp_path: Path) -> None:
+    results = run_gate(tmp_path, 2, per_node=2)
+    assert (results["nodes"], results["world_size"]) == (["node0", "node1"], 4)
+    assert [(pair["a"], pair["b"]) for pair in results["pairs"]] == [("node0", "node1")]
+    assert results["sweep"][0]["busbw_gbps"] == pytest.approx(
+        results["sweep"][0]["algbw_gbps"] * 1.5, rel=0.01
+    )
+    assert [report["rank"] for report in results["reports"]] == [0, 1, 2, 3]
+    assert results["verdict"]["passed"], results["verdict"]

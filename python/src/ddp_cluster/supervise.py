@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_cluster.results import find_mpirun_log, mpirun_log
+
 LAUNCHER_LOG = "launcher.log"
 STATUS_FILE = "status.json"
 TAIL_LINES = 20
@@ -96,15 +98,14 @@ class Supervisor:
 
     # --- logs -----------------------------------------------------------------------------------------
     def rank_log(self, rank: int) -> Path:
-        """Per-rank output file that mpirun --output-filename writes (OpenMPI 4.x layout)."""
-        matches = sorted((self.job_dir / "logs").glob(f"*/rank.{rank}/stdout"))
-        return matches[0] if matches else self.job_dir / "logs" / f"missing-rank-{rank}"
+        """Per-rank output file that mpirun --output-filename writes (OpenMPI 4.x layout), on this node."""
+        return find_mpirun_log(self.job_dir, rank) or mpirun_log(self.job_dir, rank)
 
     def rank_log_tail(self, rank: int, node: str) -> list[str]:
         """Last lines of a rank's log, which mpirun writes on the rank's own node."""
         if node == self.me:
             return tail(self.rank_log(rank))
-        remote = f"{self.job_dir}/logs/1/rank.{rank}/stdout"
+        remote = mpirun_log(self.job_dir, rank)
         return self.on_node(node, f"tail -n {TAIL_LINES} {remote} 2>/dev/null").splitlines()
 
     def node_of(self, rank: int, per_node: int) -> str:
@@ -231,7 +232,7 @@ class Supervisor:
                 exit_code=failure.exit_code,
                 signal=failure.signal,
                 signal_name=signal_name(failure.signal),
-                log_file=f"{log_node}:{self.job_dir}/logs/1/rank.{log_rank}/stdout",
+                log_file=f"{log_node}:{mpirun_log(self.job_dir, log_rank)}",
                 log_tail=self.rank_log_tail(log_rank, log_node) or tail(self.job_dir / LAUNCHER_LOG),
                 launcher_tail=tail(self.job_dir / LAUNCHER_LOG),
                 leftover=leftover,
