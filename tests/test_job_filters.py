@@ -21,6 +21,8 @@ JOB_DIR = "/workspace/jobs/j1"
 
 
 def plan(**changes: Any) -> dict[str, Any]:
+    if changes.get("launcher") == "torch_npu_run":
+        changes.setdefault("accelerator", "npu")  # torch_npu's launcher is for npu clusters only
     base = {
         "id": "j1",
         "nodes": ["sim-server0", "sim-server1"],

@@ -14,10 +14,10 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from ddp_cluster import ranktable
+    from ddp_cluster import job, ranktable
 except ImportError:  # a checkout without the package installed: use the sources next to this plugin
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster import ranktable
+    from ddp_cluster import job, ranktable
 
 LAUNCHERS = ("mpirun", "torchrun", "torch_npu_run")
 # The torch device of each accelerator, and the collective backend that goes with a device.
@@ -90,6 +90,21 @@ def ddp_job_visible_devices(hostvars: Mapping[str, Any], nodes: Sequence[str]) -
     return visible
 
 
+def _spec(
+    plan: Mapping[str, Any],
+    job_dir: str,
+    networks: Sequence[str],
+    env: Mapping[str, Any] | None,
+    mpirun_args: Sequence[str],
+    launcher_ports: str,
+    poll: Any = 0.5,
+) -> Any:
+    try:
+        return job.from_plan(plan, job_dir, networks, env, mpirun_args, launcher_ports, float(poll))
+    except (job.JobSpecError, TypeError) as error:
+        raise AnsibleFilterError(f"the job cannot be planned: {error}") from error
+
+
 def ddp_launch_argv(
     plan: Mapping[str, Any],
     job_dir: str,
@@ -98,81 +113,32 @@ def ddp_launch_argv(
     mpirun_args: Sequence[str] = (),
     launcher_ports: str = "",
 ) -> list[str]:
-    """The launcher's argv, started on the first node. Every rank's command line holds ``job_dir/``.
+    """The launcher's argv (see :meth:`ddp_cluster.job.JobSpec.launch_argv`), started on the first node."""
+    spec = _spec(plan, job_dir, networks, env, mpirun_args, launcher_ports)
+    try:
+        argv: list[str] = spec.launch_argv()
+    except job.JobSpecError as error:
+        raise AnsibleFilterError(str(error)) from error
+    return argv
 
-    mpirun starts one process per slot. torchrun (and torch_npu_run) is fanned out by mpirun too, one agent per
-    node, so that a failing node's agent makes mpirun stop the agents of every other node
-    (orte_abort_on_non_zero_status). ``networks`` (CIDR) keep mpirun's traffic on the cluster network, each node
-    on its own interface. Per-node settings (interfaces, HCCL_IF_IP) come from each node's own environment file.
-    ``launcher_ports`` (a range such as 29510-29519) pins the ports mpirun's daemons listen on, so that a
-    firewall can let exactly those through.
 
-    Every rank gets the job's device (``DDP_DEVICE``: cpu, cuda or npu, and ``DDP_BACKEND``), ``DDP_LAUNCHER``,
-    and on npu ``ASCEND_PROCESS_LOG_PATH`` in the job directory and, in rank-table mode, the job's own
-    ``RANK_TABLE_FILE``. A user's script runs through ``ddp_cluster.run``, which checks the device first.
-    """
-    nodes = [str(node) for node in plan["nodes"]]
-    nproc = int(plan["nproc_per_node"])
-    master_port = str(plan["master_port"])
-    launcher = str(plan["launcher"])
-    if launcher not in LAUNCHERS:
-        raise AnsibleFilterError(f"launcher={launcher!r} is unknown: use {', '.join(LAUNCHERS)}")
-    device = str(plan.get("device") or "cpu")
-    if device not in DEVICE_BACKEND:
-        raise AnsibleFilterError(f"device={device!r} is unknown: use cpu, cuda or npu")
-    if not networks:
-        raise AnsibleFilterError("no cluster network: the nodes' probe found no address on their interface")
-    script = str(plan.get("script") or "")
-    args = [str(arg) for arg in plan.get("script_args") or []]
-    variables = {
-        "MASTER_ADDR": nodes[0],
-        "MASTER_PORT": master_port,
-        "PYTHONUNBUFFERED": "1",
-        "DDP_JOB_ID": str(plan["id"]),
-        "DDP_JOB_DIR": job_dir,
-        "DDP_DEVICE": device,
-        "DDP_BACKEND": DEVICE_BACKEND[device],
-        "DDP_LAUNCHER": launcher,
-    }
-    if plan.get("accelerator") == "npu":
-        # CANN's and HCCL's logs (plog, device logs) go into the job directory, so they come back with the job.
-        variables["ASCEND_PROCESS_LOG_PATH"] = f"{job_dir}/ascend"
-        if plan.get("hccl_init", "rank_table") == "rank_table":
-            variables["RANK_TABLE_FILE"] = f"{job_dir}/rank_table.json"
-    variables |= {str(name): str(value) for name, value in (env or {}).items()}
-    included = ",".join(str(network) for network in networks)
-
-    argv = ["mpirun", "--hostfile", f"{job_dir}/hostfile", "--bind-to", "none"]
-    argv += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", included]
-    argv += ["--mca", "oob_tcp_if_include", included, "--mca", "orte_abort_on_non_zero_status", "1"]
-    if launcher_ports:
-        argv += ["--mca", "oob_tcp_static_ipv4_ports", str(launcher_ports)]
-    # A project directory (workdir) is the ranks' working directory, as it is the user's on their own machine.
-    workdir = f"{job_dir}/workdir" if plan.get("workdir") else ""
-    argv += ["--output-filename", f"{job_dir}/logs", "--merge-stderr-to-stdout", "--wdir", workdir or job_dir]
-    argv += ["-x", "PATH", "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
-    for name, value in sorted(variables.items()):
-        argv += ["-x", f"{name}={value}"]
-
-    if plan.get("kind", "train") != "train":
-        # The health gate (check.yml, preflight): the same launcher, environment and backend as a job.
-        program = ["-m", "ddp_cluster.gate", "--output-dir", f"{job_dir}/output", *args]
-    elif script:
-        # Through ddp_cluster.run: torchrun-style variables under mpirun, and the device check under every launcher.
-        path = f"{workdir}/{script}" if workdir else f"{job_dir}/{script.rsplit('/', 1)[-1]}"
-        program = ["-m", "ddp_cluster.run", path, *args]
-    else:
-        resume = ["--resume"] if plan.get("resume_checkpoint") else []
-        program = ["-m", "ddp_cluster.train", "--output-dir", f"{job_dir}/output", *resume, *args]
-
-    if launcher == "mpirun":
-        argv += ["-np", str(len(nodes) * nproc), "--map-by", "slot", *mpirun_args, "python"]
-        return argv + program
-    argv += ["-np", str(len(nodes)), "--map-by", "ppr:1:node", *mpirun_args]
-    argv += ["python", "-m", "ddp_cluster.torchrun_agent", "--runner", launcher, "--nnodes", str(len(nodes))]
-    argv += ["--nproc-per-node", str(nproc), "--master-addr", nodes[0], "--master-port", master_port]
-    argv += ["--log-dir", f"{job_dir}/logs/torchrun", "--tee", "3"]
-    return argv + program  # "-m MODULE ...": torchrun's own -m, as python's
+def ddp_job_spec(
+    plan: Mapping[str, Any],
+    job_dir: str,
+    networks: Sequence[str],
+    env: Mapping[str, Any] | None = None,
+    mpirun_args: Sequence[str] = (),
+    launcher_ports: str = "",
+    poll: Any = 0.5,
+) -> str:
+    """The job's ``job.json`` (see :class:`ddp_cluster.job.JobSpec`): checked, and its launch buildable."""
+    spec = _spec(plan, job_dir, networks, env, mpirun_args, launcher_ports, poll)
+    try:
+        spec.launch_argv()
+    except job.JobSpecError as error:
+        raise AnsibleFilterError(str(error)) from error
+    text: str = spec.dumps()
+    return text
 
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -194,4 +160,5 @@ class FilterModule:
             "ddp_job_rank_table": ddp_job_rank_table,
             "ddp_job_visible_devices": ddp_job_visible_devices,
             "ddp_launch_argv": ddp_launch_argv,
+            "ddp_job_spec": ddp_job_spec,
         }

@@ -1,10 +1,28 @@
-"""The supervisor's liveness probe tells a dead node from a slow one (ssh's own messages, OpenSSH 9)."""
+"""The supervisor's parts: the liveness probe tells a dead node from a slow one (ssh's own messages, OpenSSH
+9), what failed from real mpirun 4.1 and torchrun output, the status file, and the supervisor around stand- in
+launchers."""
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from ddp_cluster.supervise import probe_verdict
+from ddp_cluster.job import JobSpec
+from ddp_cluster.supervise import (
+    STATUS_FILE,
+    Liveness,
+    StatusFile,
+    Supervisor,
+    launcher_failure,
+    parse_args,
+    probe_verdict,
+)
 
 
 @pytest.mark.parametrize(
@@ -37,3 +55,144 @@ def test_a_node_whose_sshd_is_too_busy_to_finish_is_slow_not_dead(stderr: str) -
 def test_a_login_that_runs_past_the_bound_after_connecting_is_slow_and_success_is_up() -> None:
     assert probe_verdict(None, "") == "slow"
     assert probe_verdict(0, "") == "up"
+
+
+# --- what failed, from the launcher's real output (python/tests/data/supervise/) ---
+
+DATA = Path(__file__).parent / "data" / "supervise"
+
+
+def spec(**changes: Any) -> JobSpec:
+    fields: dict[str, Any] = {
+        "id": "j1",
+        "job_dir": "/workspace/jobs/j1",
+        "nodes": ["node0", "node1"],
+        "nproc_per_node": 1,
+        "launcher": "mpirun",
+        "device": "cpu",
+        "networks": ["172.23.0.0/16"],
+        "timeout": 60,
+        "poll": 0.1,
+    }
+    return JobSpec.from_dict(fields | changes)
+
+
+def test_mpiruns_first_non_zero_exit_names_the_rank_and_its_node() -> None:
+    failure = launcher_failure((DATA / "mpirun-exit.log").read_text(), spec(), 1)
+    assert (failure.reason, failure.node, failure.rank, failure.exit_code) == (
+        "a rank exited with an error",
+        "node1",
+        1,
+        3,
+    )
+    two_per_node = launcher_failure((DATA / "mpirun-exit.log").read_text(), spec(nproc_per_node=2), 1)
+    assert (two_per_node.node, two_per_node.rank) == ("node0", 1)
+
+
+def test_with_torchrun_mpiruns_process_is_a_nodes_agent_not_a_rank() -> None:
+    failure = launcher_failure(
+        (DATA / "mpirun-exit.log").read_text(), spec(launcher="torchrun", nproc_per_node=4), 1
+    )
+    assert (failure.node, failure.rank, failure.exit_code) == ("node1", None, 3)
+
+
+def test_a_rank_killed_by_a_signal() -> None:
+    failure = launcher_failure((DATA / "mpirun-signal.log").read_text(), spec(), 1)
+    assert (failure.reason, failure.node, failure.rank, failure.signal) == (
+        "a rank was killed by a signal",
+        "node1",
+        1,
+        9,
+    )
+
+
+def test_torchruns_root_cause_names_the_worker() -> None:
+    failure = launcher_failure((DATA / "torchrun-root-cause.log").read_text(), spec(launcher="torchrun"), 1)
+    assert (failure.node, failure.rank, failure.signal, failure.exit_code) == ("node1", 1, 9, None)
+
+
+def test_output_that_names_nothing_leaves_the_launchers_status() -> None:
+    failure = launcher_failure("mpirun: command line parse error\n", spec(), 213)
+    assert (failure.reason, failure.node, failure.exit_code) == (
+        "the launcher exited with status 213",
+        None,
+        213,
+    )
+
+
+# --- liveness ---
+
+
+def test_liveness_declares_a_node_lost_after_misses_in_a_row_and_never_a_slow_one() -> None:
+    verdicts = {
+        "node1": iter(["down", "slow", "down"]),
+        "node2": iter(["slow"] * 3),
+        "node3": iter(["down", "up", "down"]),
+    }
+    liveness = Liveness(["node1", "node2", "node3"], lambda node: next(verdicts[node]), every=0, misses=2)
+    with ThreadPoolExecutor(2) as pool:
+        assert liveness.lost(pool) == []
+        assert liveness.lost(pool) == []  # node1 slow: no miss, and its first miss still counts
+        assert liveness.lost(pool) == ["node1"]  # node3's "up" cleared its first miss
+    assert liveness.misses == {"node1": 2, "node2": 0, "node3": 1}
+
+
+def test_liveness_waits_for_its_interval() -> None:
+    calls: list[str] = []
+    liveness = Liveness(["node1"], lambda node: calls.append(node) or "up", every=60, misses=2)
+    with ThreadPoolExecutor(1) as pool:
+        assert liveness.lost(pool) == [] and calls == []
+        assert liveness.down_now(pool) == [] and calls == ["node1"]
+
+
+def test_status_file_is_rewritten_whole_with_the_elapsed_time(tmp_path: Path) -> None:
+    status = StatusFile(tmp_path / "status.json", started=time.time() - 5)
+    status.write(state="running", progress=None)
+    status.write(progress={"epoch": 1})
+    written = json.loads((tmp_path / "status.json").read_text())
+    assert written["state"] == "running" and written["progress"] == {"epoch": 1} and written["elapsed"] >= 5
+    assert [path.name for path in tmp_path.iterdir()] == ["status.json"]
+
+
+# --- the supervisor, with stand-ins for the launcher on this host (a job of one node: no ssh) ---
+
+
+def supervise(tmp_path: Path, launcher: list[str], **changes: Any) -> dict[str, Any]:
+    job_dir = tmp_path / "jobs" / "j1"
+    job = spec(nodes=[socket.gethostname()], job_dir=str(job_dir), **changes)
+    code = Supervisor(spec=job, job_dir=job_dir, launcher=launcher).run()
+    status: dict[str, Any] = json.loads((job_dir / STATUS_FILE).read_text())
+    assert code == (0 if status["state"] == "succeeded" else 1)
+    return status
+
+
+def test_a_launcher_that_succeeds(tmp_path: Path) -> None:
+    status = supervise(tmp_path, ["sh", "-c", "echo done"])
+    assert status["state"] == "succeeded" and status["rc"] == 0
+
+
+def test_a_failing_rank_is_named_from_the_launchers_output(tmp_path: Path) -> None:
+    fixture = DATA / "mpirun-exit.log"
+    status = supervise(tmp_path, ["sh", "-c", f"cat {fixture}; exit 1"])
+    assert status["state"] == "failed"
+    assert (status["reason"], status["failed_rank"], status["exit_code"]) == (
+        "a rank exited with an error",
+        1,
+        3,
+    )
+    assert "Exit code:    3" in "\n".join(status["launcher_tail"])
+
+
+def test_the_time_bound_stops_the_launcher(tmp_path: Path) -> None:
+    started = time.monotonic()
+    status = supervise(tmp_path, ["sleep", "30"], timeout=1)
+    assert status["state"] == "failed" and status["reason"] == "the job did not finish within job_timeout=1 s"
+    assert time.monotonic() - started < 20
+    assert status["leftover"] == {}
+
+
+def test_a_job_file_that_cannot_be_used_is_refused_naming_the_field(tmp_path: Path, capsys: Any) -> None:
+    (tmp_path / "job.json").write_text(json.dumps(spec().to_dict() | {"nproc_per_node": 0}))
+    with pytest.raises(SystemExit):
+        parse_args(["--job-dir", str(tmp_path)])
+    assert "nproc_per_node=0 must be at least 1" in capsys.readouterr().err

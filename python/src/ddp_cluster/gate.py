@@ -35,6 +35,7 @@ from ddp_cluster.atomic import write_atomic
 from ddp_cluster.device import Placement, requested_device, select_placement, where
 from ddp_cluster.distenv import DistEnv, resolve_dist_env
 from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.finish import exit_process
 from ddp_cluster.train import process_group
 
 CANN_INFO = ("ascend_toolkit_install.info", "version=")
@@ -301,4 +302,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())  # no interpreter finalization after the collectives (see ddp_cluster.finish)

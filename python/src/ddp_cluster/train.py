@@ -50,6 +50,7 @@ from ddp_cluster.device import (
 )
 from ddp_cluster.distenv import DistEnv, resolve_dist_env
 from ddp_cluster.errors import CheckpointError, DdpClusterError, DeviceError
+from ddp_cluster.finish import exit_process
 from ddp_cluster.models import build_model
 from ddp_cluster.report import Reporter
 
@@ -552,4 +553,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())  # no interpreter finalization after the collectives (see ddp_cluster.finish)
