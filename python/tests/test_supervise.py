@@ -7,21 +7,19 @@ from __future__ import annotations
 import json
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ddp_cluster.job import JobSpec
+from ddp_cluster.liveness import probe_verdict
 from ddp_cluster.supervise import (
     STATUS_FILE,
-    Liveness,
     StatusFile,
     Supervisor,
     launcher_failure,
     parse_args,
-    probe_verdict,
 )
 
 
@@ -120,29 +118,7 @@ def test_output_that_names_nothing_leaves_the_launchers_status() -> None:
     )
 
 
-# --- liveness ---
-
-
-def test_liveness_declares_a_node_lost_after_misses_in_a_row_and_never_a_slow_one() -> None:
-    verdicts = {
-        "node1": iter(["down", "slow", "down"]),
-        "node2": iter(["slow"] * 3),
-        "node3": iter(["down", "up", "down"]),
-    }
-    liveness = Liveness(["node1", "node2", "node3"], lambda node: next(verdicts[node]), every=0, misses=2)
-    with ThreadPoolExecutor(2) as pool:
-        assert liveness.lost(pool) == []
-        assert liveness.lost(pool) == []  # node1 slow: no miss, and its first miss still counts
-        assert liveness.lost(pool) == ["node1"]  # node3's "up" cleared its first miss
-    assert liveness.misses == {"node1": 2, "node2": 0, "node3": 1}
-
-
-def test_liveness_waits_for_its_interval() -> None:
-    calls: list[str] = []
-    liveness = Liveness(["node1"], lambda node: calls.append(node) or "up", every=60, misses=2)
-    with ThreadPoolExecutor(1) as pool:
-        assert liveness.lost(pool) == [] and calls == []
-        assert liveness.down_now(pool) == [] and calls == ["node1"]
+# --- the status file ---
 
 
 def test_status_file_is_rewritten_whole_with_the_elapsed_time(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ wait for their own, much longer, timeout), when the time bound passes, or when t
 Then every rank on every node that still answers is stopped, and what is left over is reported.
 
 Its parts, each tested on its own: :class:`StatusFile`, :func:`launcher_failure` (what mpirun's or torchrun's
-output says failed), :class:`Liveness` (which nodes stopped answering; a slow node is never declared dead),
+output says failed), :class:`ddp_cluster.liveness.Watch` (which nodes stopped answering, watched along a tree
+whose cost on this node does not grow with the node count; a slow node is never declared dead),
 and :class:`Supervisor`, which runs the launcher and stops everything.
 
 No torch here: the supervisor runs beside the job, in the image's Python.
@@ -42,6 +43,7 @@ from typing import Any
 from ddp_cluster import job as jobspec
 from ddp_cluster.atomic import write_atomic
 from ddp_cluster.job import JobSpec
+from ddp_cluster.liveness import FANOUT, Watch, probe_verdict
 from ddp_cluster.results import find_mpirun_log, mpirun_log
 
 LAUNCHER_LOG = "launcher.log"
@@ -50,9 +52,6 @@ TAIL_LINES = 20
 # mpirun, when a rank exits non-zero / dies of a signal; torchrun's "Root Cause" block.
 MPI_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(-?\d+)")
 MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
-# ssh's words when the node's TCP stack answered but its sshd did not finish the login in time (MaxStartups,
-# load): the node is alive, only slow, e.g. while its ranks import torch on a loaded machine.
-SSH_SLOW = re.compile(r"banner exchange|kex_exchange_identification|Connection closed by|Connection reset by")
 TORCHRUN_ROOT = re.compile(r"host\s*:\s*(\S+)\s*\n\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -105,46 +104,10 @@ class StatusFile:
         write_atomic(self.path, (json.dumps(self.status, indent=1, sort_keys=True) + "\n").encode())
 
 
-def probe_verdict(returncode: int | None, stderr: str) -> str:
-    """A liveness probe's outcome: 'up' (logged in), 'slow' (the node's TCP stack answered but sshd did not
-    finish in time, or ssh ran past its bound after connecting: alive), 'down' (refused, no route, a name that
-    no longer resolves, no TCP answer at all: the container or the server is gone)."""
-    if returncode == 0:
-        return "up"
-    if returncode is None or SSH_SLOW.search(stderr):
-        return "slow"
-    return "down"
-
-
-class Liveness:
-    """Which of the other nodes stopped answering: every ``every`` seconds each is probed (``probe`` gives
-    'up', 'slow' or 'down'); a node is lost after ``misses`` 'down' in a row. 'slow' neither counts as a miss
-    nor clears the misses of a node going down: a live but busy node is never declared dead."""
-
-    def __init__(self, nodes: Sequence[str], probe: Callable[[str], str], every: float, misses: int) -> None:
-        self.nodes = list(nodes)
-        self.probe = probe
-        self.every = every
-        self.misses_allowed = misses
-        self.misses = dict.fromkeys(self.nodes, 0)
-        self.next_check = time.monotonic() + every
-
-    def down_now(self, pool: ThreadPoolExecutor) -> list[str]:
-        """One round: the nodes that do not answer at all now (the launcher failed: was a node lost?)."""
-        verdicts = pool.map(self.probe, self.nodes)
-        return [node for node, verdict in zip(self.nodes, verdicts, strict=True) if verdict == "down"]
-
-    def lost(self, pool: ThreadPoolExecutor) -> list[str]:
-        """When a round is due, probe every node and return those now lost; [] between rounds."""
-        if not self.nodes or time.monotonic() < self.next_check:
-            return []
-        for node, verdict in zip(self.nodes, pool.map(self.probe, self.nodes), strict=True):
-            if verdict == "up":
-                self.misses[node] = 0
-            elif verdict == "down":
-                self.misses[node] += 1
-        self.next_check = time.monotonic() + self.every
-        return [node for node in self.nodes if self.misses[node] >= self.misses_allowed]
+def down_now(nodes: Sequence[str], probe: Callable[[str], str], pool: ThreadPoolExecutor) -> list[str]:
+    """The nodes that do not answer at all now: asked once, when the launcher failed (was a node lost?)."""
+    verdicts = pool.map(probe, nodes)
+    return [node for node, verdict in zip(nodes, verdicts, strict=True) if verdict == "down"]
 
 
 @dataclass
@@ -153,7 +116,7 @@ class Supervisor:
     job_dir: Path
     launcher: list[str]
     liveness_every: float = 3.0
-    liveness_misses: int = 2
+    fanout: int = FANOUT
     ssh_timeout: int = 3
     tag: str = ""
     started: float = field(default_factory=time.time)
@@ -201,9 +164,20 @@ class Supervisor:
         return probe_verdict(done.returncode, done.stderr)
 
     def watch(self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor) -> Failure | None:
-        """Wait for the launcher, the time bound, a stop, or a lost node; the failure, or None on success."""
+        """Wait for the launcher, the time bound, a stop, or a lost node; the failure, or None on success.
+        The nodes are watched along a tree (ddp_cluster.liveness): this node holds ``fanout`` ssh sessions,
+        however many nodes the job has."""
         others = [node for node in self.nodes if node != self.me]
-        liveness = Liveness(others, self.probe, self.liveness_every, self.liveness_misses)
+        order = [self.me, *others] if self.me in self.nodes else self.nodes
+        tree = Watch(order, 0, self.fanout, self.liveness_every, self.ssh_timeout).start()
+        try:
+            return self._wait(process, pool, others, tree)
+        finally:
+            tree.stop()
+
+    def _wait(
+        self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor, others: list[str], tree: Watch
+    ) -> Failure | None:
         while True:
             returncode = process.poll()
             if returncode is not None:
@@ -211,7 +185,7 @@ class Supervisor:
                     return None
                 failure = launcher_failure(read_text(self.job_dir / LAUNCHER_LOG), self.spec, returncode)
                 # A dead node makes its peers' collectives fail first: name the cause.
-                if lost := liveness.down_now(pool):
+                if lost := tree.lost() or down_now(others, self.probe, pool):
                     return Failure(
                         f"node {lost[0]} stopped answering ssh (its container or server is down); "
                         f"then {failure.reason} on {failure.node or 'a node'}",
@@ -222,7 +196,7 @@ class Supervisor:
                 return Failure("the job was stopped (the supervisor received a signal)")
             if time.time() - self.started > self.spec.timeout:
                 return Failure(f"the job did not finish within job_timeout={self.spec.timeout:g} s")
-            if lost := liveness.lost(pool):
+            if lost := tree.lost():
                 return Failure(
                     f"node {lost[0]} stopped answering ssh (its container or server is down)", node=lost[0]
                 )
