@@ -90,7 +90,7 @@ def ddp_job_visible_devices(hostvars: Mapping[str, Any], nodes: Sequence[str]) -
     return visible
 
 
-def _spec(
+def _launch(
     plan: Mapping[str, Any],
     job_dir: str,
     networks: Sequence[str],
@@ -98,11 +98,16 @@ def _spec(
     mpirun_args: Sequence[str],
     launcher_ports: str,
     poll: Any = 0.5,
-) -> Any:
+) -> tuple[Any, list[str]]:
+    """The job's spec and its launcher's argv; AnsibleFilterError naming what is wrong."""
     try:
-        return job.from_plan(plan, job_dir, networks, env, mpirun_args, launcher_ports, float(poll))
+        spec = job.from_plan(plan, job_dir, networks, env, mpirun_args, launcher_ports, float(poll))
     except (job.JobSpecError, TypeError) as error:
         raise AnsibleFilterError(f"the job cannot be planned: {error}") from error
+    try:
+        return spec, spec.launch_argv()
+    except job.JobSpecError as error:
+        raise AnsibleFilterError(str(error)) from error
 
 
 def ddp_launch_argv(
@@ -114,12 +119,7 @@ def ddp_launch_argv(
     launcher_ports: str = "",
 ) -> list[str]:
     """The launcher's argv (see :meth:`ddp_cluster.job.JobSpec.launch_argv`), started on the first node."""
-    spec = _spec(plan, job_dir, networks, env, mpirun_args, launcher_ports)
-    try:
-        argv: list[str] = spec.launch_argv()
-    except job.JobSpecError as error:
-        raise AnsibleFilterError(str(error)) from error
-    return argv
+    return _launch(plan, job_dir, networks, env, mpirun_args, launcher_ports)[1]
 
 
 def ddp_job_spec(
@@ -132,12 +132,7 @@ def ddp_job_spec(
     poll: Any = 0.5,
 ) -> str:
     """The job's ``job.json`` (see :class:`ddp_cluster.job.JobSpec`): checked, and its launch buildable."""
-    spec = _spec(plan, job_dir, networks, env, mpirun_args, launcher_ports, poll)
-    try:
-        spec.launch_argv()
-    except job.JobSpecError as error:
-        raise AnsibleFilterError(str(error)) from error
-    text: str = spec.dumps()
+    text: str = _launch(plan, job_dir, networks, env, mpirun_args, launcher_ports, poll)[0].dumps()
     return text
 
 
