@@ -66,6 +66,15 @@ def test_preflight_runs_the_gate_then_the_job_and_keeps_its_results(local_cluste
     assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
 
 
+def test_preflight_asked_where_the_gate_play_cannot_see_it_starts_nothing(local_cluster: PlaybookResult) -> None:
+    # The role's own name set (as group_vars would): no gate ran, so the job must not start as if one passed.
+    job = job_id("unseen")
+    result = run_playbook("train.yml", extravars={"job_id": job, "nodes": 2, "ddp_job_preflight": True})
+    assert result.rc != 0
+    assert f"no health gate ran for job {job}: pass it on the command line" in result.stdout, result.stdout[-3000:]
+    assert not (STATE_DIR / "node0" / "workspace" / "jobs" / job).exists()
+
+
 @pytest.fixture(scope="module")
 def three_nodes(local_cluster: PlaybookResult) -> Iterator[None]:
     result = run_playbook("site.yml", env=THREE)

@@ -149,3 +149,12 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 def test_a_missing_directory_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["doctor", str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_health_gates_run_before_the_job_is_not_read(tmp_path: Path) -> None:
+    run = tmp_path / "job"
+    (run / "preflight" / "logs").mkdir(parents=True)
+    (run / "preflight" / "logs" / "rank.0.log").write_text("Address already in use\n")
+    (run / "logs").mkdir()
+    (run / "logs" / "rank.0.log").write_text("all fine\n")
+    assert [path.relative_to(run).as_posix() for path in doctor.log_files(run)] == ["logs/rank.0.log"]

@@ -151,3 +151,22 @@ def test_the_remote_watcher_says_up_and_ends_with_its_parents_session() -> None:
     assert leaf.stdout.readline() == "up\n" and leaf.stdout.readline() == "up\n"
     leaf.stdin.close()
     assert leaf.wait(timeout=10) == 0
+
+
+def test_a_child_where_the_watcher_cannot_run_has_its_children_watched_from_here() -> None:
+    # node1 answers ssh but its watcher fails (an older image, say): node5, its child, is watched from node0.
+    spawn, calls = scripted({"node1": [("", "ModuleNotFoundError: No module named 'ddp_cluster'\n", 1)]})
+    with watch(spawn, [], count=6) as tree:
+        wait_for(lambda: calls.get("node5", 0) >= 1)
+        assert calls.get("node5", 0) >= 1 and tree.lost() == []
+
+
+def test_stop_ends_every_session_at_once() -> None:
+    def spawn(node: str, argv: list[str]) -> subprocess.Popen[str]:
+        return session("up\n", "", 0, linger=60)  # sessions that would outlive the watch
+
+    tree = Watch(NODES, 0, fanout=4, every=0.2, spawn=spawn).start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    tree.stop(within=2.0)
+    assert time.monotonic() - started < 4.0

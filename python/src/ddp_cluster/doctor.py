@@ -290,9 +290,12 @@ class Finding:
 
 
 def log_files(run_dir: Path) -> Iterator[Path]:
-    """Every file that may hold a log, in a stable order; checkpoints, images and archives are skipped."""
+    """Every file that may hold a log, in a stable order; checkpoints, images and archives are skipped, and so
+    is a health gate's run before the job (``preflight/``: it passed, or the job would not have started)."""
     for path in sorted(run_dir.rglob("*")):
-        if path.is_file() and not path.name.endswith(SKIPPED_SUFFIXES) and ".incoming" not in path.parts:
+        parts = path.relative_to(run_dir).parts
+        skipped = ".incoming" in parts or parts[0] == "preflight"
+        if path.is_file() and not path.name.endswith(SKIPPED_SUFFIXES) and not skipped:
             yield path
 
 

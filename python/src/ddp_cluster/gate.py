@@ -14,6 +14,7 @@ fails like a job's rank.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import ddp_cluster
 from ddp_cluster import health
 from ddp_cluster.atomic import write_atomic
 from ddp_cluster.device import Placement, requested_device, select_placement, where
@@ -116,7 +118,11 @@ def _node_addresses(interface: str) -> list[str]:
 def versions(placement: Placement) -> dict[str, str | None]:
     """What this rank runs on: Python, torch, and where present torch_npu, CUDA, the GPU or NPU driver and
     CANN."""
-    found: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
+    found: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ddp_cluster": package_version(),
+    }
     if importlib.util.find_spec("torch_npu") is not None:
         try:
             found["torch_npu"] = str(getattr(importlib.import_module("torch_npu"), "__version__", "unknown"))
@@ -135,6 +141,15 @@ def versions(placement: Placement) -> dict[str, str | None]:
     if driver is not None:
         found["npu_driver"] = driver
     return found
+
+
+def package_version() -> str:
+    """This package's version and a digest of its sources: a node left on an older image stands out even
+    when the version number is the same."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"{ddp_cluster.__version__}+{digest.hexdigest()[:12]}"
 
 
 def device_count(placement: Placement) -> int | None:

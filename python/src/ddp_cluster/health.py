@@ -189,47 +189,86 @@ def judge_pairs(
     nodes: Sequence[str], pairs: Sequence[Mapping[str, Any]], thresholds: Thresholds
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Each node's figure (the busbw of its best pair: a slow node has no good pair, a node next to it still
-    has one), and the problems: nodes below ``fraction`` x the median of the nodes' figures or below the
-    floor, then the pairs below ``fraction`` x the median pair or below the floor that no named node explains.
-    With two nodes there is one pair and no peer to compare with: only the floor can fail it."""
+    has one) and the problems.
+
+    A node below ``fraction`` x the median of the nodes' figures, or below the floor, is a candidate. It is
+    named slow when one of its partners is not a candidate: that partner reached a good figure elsewhere, so
+    their slow pair is this node's doing. A candidate whose partners are all candidates too (a healthy node
+    between two slow ones) cannot be told from them: it is named as undetermined, never as slow. Every node
+    below the floor is one problem of the whole fabric. Then the pairs below ``fraction`` x the median pair,
+    or below the floor, that no candidate explains are named as slow links. With two nodes there is one pair
+    and no peer to compare with: only the floor can fail it, as a link. The comparison with the median needs
+    most nodes healthy; the floor does not."""
     figures: dict[str, float] = {}
+    partners: dict[str, set[str]] = {}
     for pair in pairs:
-        for node in (pair["a"], pair["b"]):
+        for node, other in ((pair["a"], pair["b"]), (pair["b"], pair["a"])):
             figures[node] = max(figures.get(node, 0.0), float(pair["busbw_gbps"]))
+            partners.setdefault(node, set()).add(other)
     problems: list[str] = []
-    node_rows: list[dict[str, Any]] = []
     if not figures:
-        return node_rows, problems
+        return [], problems
     median = statistics.median(figures.values())
-    slow_nodes: set[str] = set()
+    reasons: dict[str, list[str]] = {}
+    for node, figure in figures.items():
+        found = []
+        if len(figures) > 2 and figure < thresholds.fraction * median:
+            found.append(f"{thresholds.fraction:g} x the median node ({median:.3f} GB/s)")
+        if len(figures) > 2 and thresholds.floor_gbps and figure < thresholds.floor_gbps:
+            found.append(f"the floor of {thresholds.floor_gbps:g} GB/s")
+        if found:
+            reasons[node] = found
+    candidates = set(reasons)
+    if candidates and candidates == set(figures):
+        # Every node is below the floor: the fabric itself, or every node, is slow; no node to single out.
+        best = max(figures.values())
+        problems.append(
+            f"every pair is below the floor of {thresholds.floor_gbps:g} GB/s (the best reached"
+            f" {best:.3f} GB/s busbw): the fabric, or every node, is slower than the inventory expects"
+        )
+        rows = [
+            {"node": node, "best_pair_busbw_gbps": figures[node], "slow": True, "verdict": "slow"}
+            for node in nodes
+            if node in figures
+        ]
+        return rows, problems
+    node_rows: list[dict[str, Any]] = []
     for node in nodes:
         if node not in figures:
             continue
-        figure = figures[node]
-        reasons = []
-        if len(figures) > 2 and figure < thresholds.fraction * median:
-            reasons.append(f"{thresholds.fraction:g} x the median node ({median:.3f} GB/s)")
-        if thresholds.floor_gbps and figure < thresholds.floor_gbps:
-            reasons.append(f"the floor of {thresholds.floor_gbps:g} GB/s")
-        if reasons and len(figures) > 2:
-            slow_nodes.add(node)
-            problems.append(
-                f"node {node} is slow: its best pair reached {figure:.3f} GB/s busbw,"
-                f" below {' and '.join(reasons)}"
-            )
-        node_rows.append({"node": node, "best_pair_busbw_gbps": figure, "slow": node in slow_nodes})
+        verdict = "ok"
+        if node in candidates:
+            verdict = "slow" if partners[node] - candidates else "undetermined"
+            if verdict == "slow":
+                problems.append(
+                    f"node {node} is slow: its best pair reached {figures[node]:.3f} GB/s busbw,"
+                    f" below {' and '.join(reasons[node])}"
+                )
+            else:
+                problems.append(
+                    f"node {node} could not be judged: its partners ({', '.join(sorted(partners[node]))}) are"
+                    f" slow too, and its best pair reached {figures[node]:.3f} GB/s busbw"
+                )
+        node_rows.append(
+            {
+                "node": node,
+                "best_pair_busbw_gbps": figures[node],
+                "slow": verdict == "slow",
+                "verdict": verdict,
+            }
+        )
     pair_median = statistics.median(float(pair["busbw_gbps"]) for pair in pairs)
     for pair in pairs:
         figure = float(pair["busbw_gbps"])
-        reasons = []
+        found = []
         if len(pairs) > 2 and figure < thresholds.fraction * pair_median:
-            reasons.append(f"{thresholds.fraction:g} x the median pair ({pair_median:.3f} GB/s)")
+            found.append(f"{thresholds.fraction:g} x the median pair ({pair_median:.3f} GB/s)")
         if thresholds.floor_gbps and figure < thresholds.floor_gbps:
-            reasons.append(f"the floor of {thresholds.floor_gbps:g} GB/s")
-        if reasons and not {pair["a"], pair["b"]} & slow_nodes:
+            found.append(f"the floor of {thresholds.floor_gbps:g} GB/s")
+        if found and not {pair["a"], pair["b"]} & candidates:
             problems.append(
                 f"the link {pair['a']} <-> {pair['b']} is slow: {figure:.3f} GB/s busbw,"
-                f" below {' and '.join(reasons)}"
+                f" below {' and '.join(found)}"
             )
     return node_rows, problems
 
@@ -298,6 +337,7 @@ def render(health: Mapping[str, Any]) -> str:
             if not name.isupper()
             and value is not None
             and name not in {d["name"] for d in judged["differences"]}
+            and name not in set(health.get("ignore") or [])
         ]
         lines.append("environment: " + (", ".join(agreed) or "no versions reported"))
         compared = sorted({name for report in reports for name in flatten_report(report) if name.isupper()})

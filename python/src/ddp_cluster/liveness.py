@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import IO
 
@@ -34,7 +35,9 @@ MISSES = 2
 # ssh's words when the node's TCP stack answered but its sshd did not finish the login in time (MaxStartups,
 # load): the node is alive, only slow, e.g. while its ranks import torch on a loaded machine.
 SSH_SLOW = re.compile(r"banner exchange|kex_exchange_identification|Connection closed by|Connection reset by")
-# An established session whose keepalives went unanswered (ServerAliveInterval x ServerAliveCountMax).
+# An established session whose keepalives went unanswered (ServerAliveInterval x ServerAliveCountMax). ssh
+# says so, and what went wrong in a login, at LogLevel INFO: the sessions ask for it (the mesh's ssh_config
+# keeps interactive use at ERROR).
 SSH_SILENT = re.compile(r"Timeout, server .* not responding")
 
 
@@ -77,6 +80,8 @@ def ssh_argv(node: str, remote: Sequence[str], every: float, ssh_timeout: int) -
         f"ServerAliveInterval={max(1, round(every))}",
         "-o",
         "ServerAliveCountMax=3",
+        "-o",
+        "LogLevel=INFO",
         node,
         " ".join(remote),
     ]
@@ -141,23 +146,30 @@ class Watch:
 
     def start(self) -> Watch:
         for child in children(self.index, len(self.nodes), self.fanout):
-            thread = threading.Thread(target=self._watch, args=(child,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            self._start_thread(child)
         return self
 
     def lost(self) -> list[str]:
         with self._lock:
             return list(self._lost)
 
-    def stop(self) -> None:
+    def stop(self, within: float = 5.0) -> None:
+        """End every session at once (each remote watcher sees its input end and ends its own), within
+        ``within`` seconds in all."""
         self._stop.set()
         with self._lock:
             sessions = list(self._sessions.values())
+            threads = list(self._threads)
         for session in sessions:
-            _end(session)
-        for thread in self._threads:
-            thread.join(timeout=5)
+            _close_input(session)
+        deadline = time.monotonic() + within
+        for session in sessions:
+            try:
+                session.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                session.kill()
+        for thread in threads:
+            thread.join(timeout=max(0.1, deadline - time.monotonic()))
 
     def _mark(self, node: str) -> None:
         with self._lock:
@@ -166,14 +178,37 @@ class Watch:
             self._lost.append(node)
         self.report(node)
 
+    def _start_thread(self, child: int) -> None:
+        thread = threading.Thread(target=self._watch, args=(child,), daemon=True)
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def _adopt(self, child: int) -> None:
+        """The watcher does not start on ``child`` (a node on another image, no python): watch its children
+        from here, so that its subtree is still watched; the node itself is still watched over ssh."""
+        node = self.nodes[child]
+        orphans = children(child, len(self.nodes), self.fanout)
+        adopted = ", ".join(self.nodes[index] for index in orphans) or "nothing more"
+        print(
+            f"liveness: the watcher does not start on {node}; {self.nodes[self.index]} watches {adopted}",
+            file=sys.stderr,
+            flush=True,
+        )
+        for orphan in orphans:
+            self._start_thread(orphan)
+
     def _watch(self, child: int) -> None:
         node = self.nodes[child]
         argv = ssh_argv(node, self.remote(child), self.every, self.ssh_timeout)
-        misses = 0
+        misses = broken = 0
         while not self._stop.is_set() and node not in self.lost():
             session = self.spawn(node, argv)
             with self._lock:
-                self._sessions[node] = session
+                self._sessions[f"{node}#{child}"] = session
+            if self._stop.is_set():
+                _end(session)
+                return
             heard = self._read(session)
             stderr = _end(session)
             if self._stop.is_set():
@@ -185,7 +220,10 @@ class Watch:
             elif session.returncode == 255:  # ssh itself failed: judge its words
                 misses += probe_verdict(255, stderr) == "down"
             else:
-                misses = 0  # the watcher ran on the node and ended: the node is up
+                misses = 0  # logged in: the node is up
+                broken = 0 if heard or session.returncode == 0 else broken + 1
+                if broken == 2:  # twice without a word: the watcher cannot run there
+                    self._adopt(child)
             if misses >= self.misses_allowed:
                 self._mark(node)
                 return
@@ -206,14 +244,18 @@ class Watch:
         return heard
 
 
+def _close_input(session: subprocess.Popen[str]) -> None:
+    try:
+        if session.stdin:
+            session.stdin.close()
+    except OSError:
+        pass
+
+
 def _end(session: subprocess.Popen[str]) -> str:
     """Close a session (its remote watcher sees its input end) and return what ssh said on stderr."""
     if session.poll() is None:
-        try:
-            if session.stdin:
-                session.stdin.close()
-        except OSError:
-            pass
+        _close_input(session)
         try:
             session.wait(timeout=5)
         except subprocess.TimeoutExpired:

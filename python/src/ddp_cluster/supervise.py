@@ -155,7 +155,16 @@ class Supervisor:
         """'up', 'slow' or 'down' (see probe_verdict); only 'down' counts towards declaring a node dead."""
         if node == self.me:
             return "up"
-        probe = ["ssh", "-o", f"ConnectTimeout={self.ssh_timeout}", "-o", "BatchMode=yes", node, "true"]
+        probe = [
+            "ssh",
+            "-o",
+            f"ConnectTimeout={self.ssh_timeout}",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=INFO",
+        ]
+        probe += [node, "true"]
         try:
             bound = self.ssh_timeout + 5
             done = subprocess.run(probe, capture_output=True, text=True, timeout=bound, check=False)
@@ -163,21 +172,17 @@ class Supervisor:
             return probe_verdict(None, "")
         return probe_verdict(done.returncode, done.stderr)
 
-    def watch(self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor) -> Failure | None:
-        """Wait for the launcher, the time bound, a stop, or a lost node; the failure, or None on success.
-        The nodes are watched along a tree (ddp_cluster.liveness): this node holds ``fanout`` ssh sessions,
+    def tree(self) -> Watch:
+        """The nodes watched along a tree (ddp_cluster.liveness): this node holds ``fanout`` ssh sessions,
         however many nodes the job has."""
-        others = [node for node in self.nodes if node != self.me]
-        order = [self.me, *others] if self.me in self.nodes else self.nodes
-        tree = Watch(order, 0, self.fanout, self.liveness_every, self.ssh_timeout).start()
-        try:
-            return self._wait(process, pool, others, tree)
-        finally:
-            tree.stop()
+        order = [self.me, *(node for node in self.nodes if node != self.me)]
+        return Watch(order, 0, self.fanout, self.liveness_every, self.ssh_timeout).start()
 
-    def _wait(
-        self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor, others: list[str], tree: Watch
+    def watch(
+        self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor, tree: Watch
     ) -> Failure | None:
+        """Wait for the launcher, the time bound, a stop, or a lost node; the failure, or None on success."""
+        others = [node for node in self.nodes if node != self.me]
         while True:
             returncode = process.poll()
             if returncode is not None:
@@ -211,14 +216,20 @@ class Supervisor:
             process = subprocess.Popen(
                 self.launcher, stdout=log, stderr=subprocess.STDOUT, cwd=self.job_dir, start_new_session=True
             )
+        tree = self.tree()
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(self.nodes)))) as pool:
-            failure = self.watch(process, pool)
-            if failure is None:
-                self.status.write(state="succeeded", rc=0, progress=self.progress())
-                return 0
-            self.stop_everything(process, pool)
-            self.report(failure, process.returncode, self.leftover(pool))
-            return 1
+            try:
+                failure = self.watch(process, pool, tree)
+                if failure is None:
+                    tree.stop()
+                    self.status.write(state="succeeded", rc=0, progress=self.progress())
+                    return 0
+                self.stop_everything(process, pool)  # the ranks first, then the watch
+                tree.stop()
+                self.report(failure, process.returncode, self.leftover(pool))
+                return 1
+            finally:
+                tree.stop()
 
     def report(self, failure: Failure, returncode: int | None, leftover: dict[str, str]) -> None:
         log_node = failure.node if failure.node in self.nodes and failure.rank is not None else self.me
