@@ -312,3 +312,8 @@ def test_cli_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "does not exist: the gate wrote no results" in capsys.readouterr().err
     assert cli_main(["health", str(failed), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["passed"] is False
+
+
+def test_one_rank_says_its_figures_are_no_bandwidth() -> None:
+    text = health.render(gate_results(world_size=1, nodes=["node0"], pairs=[], reports=[report("node0", 0)]))
+    assert "on one rank: nothing crosses a link" in text and "ring pairs: none (one node)" in text

@@ -344,7 +344,11 @@ def render(health: Mapping[str, Any]) -> str:
         lines.append(
             f"  variables compared across the {len(reports)} ranks: {', '.join(compared) or 'none set'}"
         )
-    lines.append(f"all-reduce (float32, sum) across {ranks} ranks:")
+    lines.append(
+        f"all-reduce (float32, sum) across {ranks} ranks:"
+        if ranks > 1
+        else "all-reduce (float32, sum) on one rank: nothing crosses a link, the times are the call's cost:"
+    )
     lines.append(
         f"  {'size (B)':>12} {'count':>10} {'iters':>6} {'time (us)':>12}"
         f" {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"
