@@ -19,11 +19,6 @@ except ImportError:  # a checkout without the package installed: use the sources
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
     from ddp_cluster import job, ranktable
 
-LAUNCHERS = ("mpirun", "torchrun", "torch_npu_run")
-# The torch device of each accelerator, and the collective backend that goes with a device.
-ACCELERATOR_DEVICE = {"cpu": "cpu", "gpu": "cuda", "npu": "npu"}
-DEVICE_BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
-
 
 def ddp_split_args(value: Any) -> list[str]:
     """A script's arguments as a list: a list stays, a string is split the way a shell would."""
