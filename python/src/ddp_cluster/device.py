@@ -23,10 +23,12 @@ import torch
 
 from ddp_cluster.distenv import DistEnv
 from ddp_cluster.errors import DeviceError
+from ddp_cluster.job import DEVICE_BACKEND
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "hccl")
-DEFAULT_BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+# The backend that goes with each device: the job spec's table (the launcher exports it as DDP_BACKEND).
+DEFAULT_BACKEND = DEVICE_BACKEND
 # The job's device, exported by train.yml to every rank (and read by user scripts); DDP_BACKEND likewise.
 DEVICE_VARIABLE = "DDP_DEVICE"
 BACKEND_VARIABLE = "DDP_BACKEND"
