@@ -43,20 +43,21 @@ def run_playbook(
     cmdline: str = "",
     timeout: int = 900,
     inventory: Path = LOCAL_INVENTORY,
+    project: Path = REPO,
 ) -> PlaybookResult:
-    """Run a playbook of this repository the way a user does, and return its recap and output."""
+    """Run a playbook of this repository (or of a copy of it: project) the way a user does; its recap and output."""
     envvars = {
         "ANSIBLE_FORCE_COLOR": "false",
         "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_CONFIG": str(project / "ansible.cfg"),
         "PATH": os.path.dirname(os.path.realpath(shutil.which("ansible-playbook") or "")) + ":" + os.environ["PATH"],
     }
     envvars |= env or {}
     with tempfile.TemporaryDirectory(prefix="ddp-runner-") as private:
         runner = ansible_runner.run(
             private_data_dir=private,
-            project_dir=str(REPO),
-            playbook=str(REPO / playbook),
+            project_dir=str(project),
+            playbook=str(project / playbook),
             inventory=str(inventory),
             extravars=extravars or {},
             envvars=envvars,

@@ -31,6 +31,8 @@ SERVERS = ["sim-server0", "sim-server1"]
 RUNS = REPO / "runs"
 QUICK = "--dataset digits --epochs 3 --batch-size 32 --lr 0.05"
 STATE = "/var/lib/ddp-cluster"
+# The sim inventories name their node image apart from the local cluster's (the two suites share one engine).
+NODE_IMAGE = "ddp-cluster/sim-node"
 ANSIBLE_CONTROL_DIR = Path.home() / ".ansible" / "cp"
 
 
@@ -71,8 +73,12 @@ def wait_engine(server: str, timeout: float = 90) -> None:
         time.sleep(1)
 
 
-def site(inventory: Path = SIM, **extravars: object) -> PlaybookResult:
-    return run_playbook("site.yml", extravars=extravars, inventory=inventory, timeout=1200)
+def site(inventory: Path = SIM, project: Path = REPO, cmdline: str = "", **extravars: object) -> PlaybookResult:
+    """site.yml on the sim, from this repository or from a copy of it (project; the same inventory in the copy)."""
+    inventory = project / inventory.relative_to(REPO)
+    return run_playbook(
+        "site.yml", extravars=extravars, inventory=inventory, project=project, cmdline=cmdline, timeout=1200
+    )
 
 
 def train(job: str, inventory: Path = SIM, **extravars: object) -> PlaybookResult:
@@ -111,7 +117,7 @@ def test_site_brings_bare_servers_up(sim_cluster: PlaybookResult) -> None:
     for server in SERVERS:
         # The hosts stage installed what the Docker tasks need; the image arrived; the node runs on the host network.
         on_server(server, "python3 -c 'import requests'")
-        images = on_server(server, "docker image ls -q ddp-cluster/node").stdout.split()
+        images = on_server(server, f"docker image ls -q {NODE_IMAGE}").stdout.split()
         assert len(images) == 1, images
         template = "'{{.HostConfig.NetworkMode}} {{.State.Running}}'"
         inspect = on_server(server, f"docker inspect -f {template} {server}")
@@ -298,15 +304,36 @@ PACKAGE_INIT = REPO / "python" / "src" / "ddp_cluster" / "__init__.py"
 REGISTRY_PORT = 15000
 
 
+CHANGED_COPY = REPO / "build" / "code-change"
+# Left out of the copy: the repository's history, the environment, caches and what runs produce.
+NOT_COPIED = {".git", ".venv", "build", "runs", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
 @contextlib.contextmanager
-def code_change(tag: str) -> Iterator[None]:
-    """A one-line change under python/ (a new image tag), undone afterwards."""
-    original = PACKAGE_INIT.read_text()
-    PACKAGE_INIT.write_text(original + f"# a one-line change: {tag}\n")
+def code_change(tag: str) -> Iterator[Path]:
+    """A copy of this repository with a one-line change under python/ (a new image tag), removed afterwards.
+
+    A copy rather than an edit in place: the local suite may be building the image from this tree at the same time
+    (make test runs the two side by side). The copy shares the wheelhouse (hard links: the image's build context
+    takes it as files) and the controller's kept registry store."""
+    shutil.rmtree(CHANGED_COPY, ignore_errors=True)
+    shutil.copytree(
+        REPO,
+        CHANGED_COPY,
+        symlinks=True,
+        ignore=lambda directory, names: (
+            [name for name in names if name in NOT_COPIED] if Path(directory) == REPO else ["__pycache__"]
+        ),
+    )
+    (CHANGED_COPY / "build").mkdir()
+    subprocess.run(["cp", "-al", str(REPO / "build" / "wheelhouse"), str(CHANGED_COPY / "build")], check=True)
+    (CHANGED_COPY / "build" / "registry").symlink_to(REPO / "build" / "registry")
+    init = CHANGED_COPY / PACKAGE_INIT.relative_to(REPO)
+    init.write_text(init.read_text() + f"# a one-line change: {tag}\n")
     try:
-        yield
+        yield CHANGED_COPY
     finally:
-        PACKAGE_INIT.write_text(original)
+        shutil.rmtree(CHANGED_COPY, ignore_errors=True)
 
 
 def node_image(server: str) -> tuple[str, str]:
@@ -350,8 +377,8 @@ def test_a_code_change_reaches_every_server_as_one_small_layer(
     sim_cluster: PlaybookResult, healthy_again: None
 ) -> None:
     before = {server: node_image(server) for server in SERVERS}
-    with code_change("registry"):
-        result = run_playbook("site.yml", inventory=SIM, cmdline="-v", timeout=1200)
+    with code_change("registry") as changed:
+        result = site(project=changed, cmdline="-v")
     assert result.rc == 0, result.stdout[-6000:]
     # Each server pulled one layer (the ddp_cluster code) and had every other; the registry sent well under 1% of
     # the image.
@@ -377,13 +404,13 @@ def test_a_failed_pull_stops_the_stage_naming_the_server_and_leaves_the_containe
     subprocess.run(["docker", "exec", "-d", "sim-server1", *holder.split()], check=True)
     time.sleep(1)
     try:
-        with code_change("failed pull"):
-            result = site()
+        with code_change("failed pull") as changed:
+            result = site(project=changed)
     finally:
         on_server("sim-server1", f"pkill -f '{holder}'", check=False)
     flat = " ".join(result.stdout.split())
     assert result.rc != 0
-    assert f"sim-server1: the node image did not arrive from 127.0.0.1:{REGISTRY_PORT}/ddp-cluster/node:" in flat, (
+    assert f"sim-server1: the node image did not arrive from 127.0.0.1:{REGISTRY_PORT}/{NODE_IMAGE}:" in flat, (
         result.stdout[-4000:]
     )
     assert f"port {REGISTRY_PORT} on the server's loopback is taken" in flat
@@ -422,13 +449,13 @@ def test_a_registry_the_servers_cannot_reach_stops_the_stage_naming_each_server(
     sim_cluster: PlaybookResult, unreachable_registry: str, healthy_again: None
 ) -> None:
     before = {server: node_image(server) for server in SERVERS}
-    with code_change("unreachable registry"):
-        result = site(cluster_registry=unreachable_registry)
+    with code_change("unreachable registry") as changed:
+        result = site(project=changed, cluster_registry=unreachable_registry)
     flat = " ".join(result.stdout.split())
     assert result.rc != 0
     for server in SERVERS:
         # The push went through; each server's own pull failed, and the message names that server and the registry.
-        assert f"{server}: the node image did not arrive from {unreachable_registry}/ddp-cluster/node:" in flat, (
+        assert f"{server}: the node image did not arrive from {unreachable_registry}/{NODE_IMAGE}:" in flat, (
             result.stdout[-4000:]
         )
     assert "the pull failed" in flat and "connection refused" in flat.lower(), result.stdout[-4000:]
@@ -476,8 +503,8 @@ def users_registry(tmp_path: Path) -> Iterator[str]:
 def test_the_users_registry_is_pushed_to_and_pulled_from(
     sim_cluster: PlaybookResult, users_registry: str, tmp_path: Path, healthy_again: None
 ) -> None:
-    with code_change("user's registry"):
-        result = site(cluster_registry=users_registry)
+    with code_change("user's registry") as changed:
+        result = site(project=changed, cluster_registry=users_registry)
     assert result.rc == 0, result.stdout[-6000:]
     image = node_image("sim-server0")[1]
     # Each server's engine fetched the manifest from the user's registry itself (no tunnel: its own address).
@@ -486,7 +513,7 @@ def test_the_users_registry_is_pushed_to_and_pulled_from(
         assert node_image(server)[1] == image
         assert re.search(
             rf'http\.request\.method=(GET|HEAD) http\.request\.remoteaddr="172\.30\.99\.{10 + index}:\d+" '
-            r"http\.request\.uri=/v2/ml/ddp-cluster/node/manifests/",
+            rf"http\.request\.uri=/v2/ml/{NODE_IMAGE}/manifests/",
             log,
         ), log[-3000:]
         assert not on_server(server, "docker image ls -q '172.30.99.1:5443/*/*/*'").stdout.strip()
