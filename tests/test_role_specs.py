@@ -1,7 +1,9 @@
-"""Every role documents exactly the settings it has: meta/argument_specs.yml options == defaults/main.yml keys."""
+"""Every role documents exactly the settings it has: meta/argument_specs.yml options == defaults/main.yml keys; the
+cluster-wide settings and the node directory layout have one home, the cluster role, that every role depends on."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,23 @@ def test_every_role_has_argument_specs() -> None:
     assert with_defaults == ROLES
 
 
+CLUSTER = REPO / "roles" / "cluster"
+
+
+def spec_options(role: Path) -> dict[str, dict[str, object]]:
+    """The options of a role's entry point: main, or the cluster role's settings (it has no tasks)."""
+    entries = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    return entries["settings" if role == CLUSTER else "main"]["options"]
+
+
+def load(path: Path) -> dict[str, object]:
+    return yaml.safe_load(path.read_text()) or {}
+
+
 @pytest.mark.parametrize("role", ROLES, ids=[role.name for role in ROLES])
 def test_specs_match_defaults(role: Path) -> None:
-    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
-    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    defaults = load(role / "defaults" / "main.yml")
+    specs = spec_options(role)
     assert sorted(specs) == sorted(defaults)
     for name, spec in specs.items():
         assert spec.get("description"), f"{role.name}: {name} has no description"
@@ -31,3 +46,59 @@ def test_specs_match_defaults(role: Path) -> None:
 @pytest.mark.parametrize("role", ROLES, ids=[role.name for role in ROLES])
 def test_role_has_a_readme(role: Path) -> None:
     assert (role / "README.md").is_file()
+
+
+def test_the_cluster_role_has_no_main_entry_point() -> None:
+    # A main entry point would make Ansible check the settings' types in every play, before cluster_preflight's
+    # messages that name the fix (tests/test_bad_input.py).
+    entries = yaml.safe_load((CLUSTER / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    assert list(entries) == ["settings"]
+    assert not (CLUSTER / "tasks").exists()
+
+
+def test_the_cluster_specs_state_the_defaults() -> None:
+    defaults = load(CLUSTER / "defaults" / "main.yml")
+    for name, spec in spec_options(CLUSTER).items():
+        assert spec.get("default") == defaults[name], name
+
+
+def test_every_role_depends_on_the_cluster_role() -> None:
+    for role in ROLES:
+        if role != CLUSTER:
+            assert "cluster" in (load(role / "meta" / "main.yml").get("dependencies") or []), role.name
+
+
+def test_site_requires_exactly_the_settings_documented_as_required() -> None:
+    required = load(REPO / "roles" / "cluster_preflight" / "vars" / "main.yml")["_cluster_preflight_required"]
+    documented = [
+        name for name, spec in spec_options(CLUSTER).items() if str(spec["description"]).startswith("Required")
+    ]
+    assert sorted(required) == sorted(documented)
+
+
+def code_files() -> list[Path]:
+    """Every role's and playbook's code (not its documentation), less the cluster role's."""
+    files = [*REPO.glob("*.yml"), *(REPO / "playbooks").glob("*.yml")]
+    for role in ROLES:
+        if role != CLUSTER:
+            for part in ("defaults", "vars", "tasks", "handlers", "templates"):
+                files += [path for path in (role / part).rglob("*") if path.is_file()]
+    return files
+
+
+def test_no_role_re_declares_a_cluster_setting() -> None:
+    settings = sorted(load(CLUSTER / "defaults" / "main.yml"))
+    fallback = re.compile(r"\b(" + "|".join(settings) + r")\s*\|\s*default\(")
+    found = [f"{path.relative_to(REPO)}: {match.group(0)}" for path in code_files()
+             for match in fallback.finditer(path.read_text())]  # fmt: skip
+    assert found == []
+    for role in ROLES:
+        if role != CLUSTER:
+            assert not set(load(role / "defaults" / "main.yml")) & set(settings), role.name
+
+
+def test_no_role_re_derives_the_node_layout() -> None:
+    layout = re.compile(r"/var/lib/ddp-cluster|/workspace\b|/etc/ddp-cluster/node|\.ddp-cluster/")
+    found = [f"{path.relative_to(REPO)}: {match.group(0)}" for path in code_files()
+             for match in layout.finditer(path.read_text())]  # fmt: skip
+    assert found == []

@@ -40,7 +40,8 @@ def test_sshd_effective_configuration(host, line):
 
 
 def test_node_settings_file_on_the_host(host):
-    settings = host.file("/tmp/ddp-molecule-nodes/mol-node/etc/node.env")
+    # The node's directory is named after its inventory host (engine), whatever its container is called.
+    settings = host.file("/tmp/ddp-molecule-nodes/engine/etc/node.env")
     assert settings.mode == 0o644
     assert settings.user == "root"
     assert "export MOLECULE_SETTING='from the role'" in settings.content_string
