@@ -102,3 +102,14 @@ def test_no_role_re_derives_the_node_layout() -> None:
     found = [f"{path.relative_to(REPO)}: {match.group(0)}" for path in code_files()
              for match in layout.finditer(path.read_text())]  # fmt: skip
     assert found == []
+
+
+@pytest.mark.parametrize("role", ROLES, ids=[role.name for role in ROLES])
+def test_a_setting_taken_from_a_cluster_setting_says_so_and_states_no_other_default(role: Path) -> None:
+    settings = load(CLUSTER / "defaults" / "main.yml")
+    defaults = load(role / "defaults" / "main.yml")
+    for name, spec in spec_options(role).items():
+        used = [setting for setting in settings if re.search(rf"\b{setting}\b", str(defaults[name]))]
+        if role != CLUSTER and used:
+            assert "default" not in spec, f"{role.name}: {name} takes {used[0]}'s value, not {spec['default']!r}"
+            assert any(setting in str(spec["description"]) for setting in used), f"{role.name}: {name}"
