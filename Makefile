@@ -98,7 +98,8 @@ sim-down:
 
 # The local suites (molecule, then the local end-to-end tests) and the sim's end-to-end tests use their own
 # containers, networks and image names on this engine, so they run side by side (about 24 and 21 minutes alone),
-# each into its own log under build/, printed as it ends. The image is built first, once, for both.
+# each into its own log under build/, printed as it ends. The local image is built first: the sim's, under its own
+# name, then comes from the build cache.
 suites: test-deps base-image image
 	@scripts/side-by-side.sh \
 	  build/test-local.log "$(MAKE) --no-print-directory molecule e2e MOLECULE_DEPS=test-deps" \

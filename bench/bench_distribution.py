@@ -57,14 +57,18 @@ def on_servers(servers: int, command: str) -> None:
         subprocess.run(["docker", "exec", f"sim-server{index}", "sh", "-c", command], check=True, capture_output=True)
 
 
+# The sim inventory's name for the node image (inventories/sim/group_vars/all.yml).
+NODE_IMAGE = "ddp-cluster/sim-node"
+
+
 def forget_images(servers: int) -> None:
     """Servers without any node image (and its layers), as before the first distribution."""
-    on_servers(servers, "docker rm -f $(hostname) >/dev/null 2>&1; docker image ls -q ddp-cluster/node | xargs -r "
+    on_servers(servers, f"docker rm -f $(hostname) >/dev/null 2>&1; docker image ls -q {NODE_IMAGE} | xargs -r "
                "docker rmi -f >/dev/null; docker image prune -f >/dev/null")  # fmt: skip
 
 
 def image_size() -> int:
-    latest = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", "ddp-cluster/node:latest"],
+    latest = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", f"{NODE_IMAGE}:latest"],
                             capture_output=True, text=True, check=True)  # fmt: skip
     return int(latest.stdout)
 

@@ -42,6 +42,7 @@ def job(tmp_path: Path) -> Path:
         (job_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (job_dir / name).write_text(text)
     (job_dir / "empty").mkdir()
+    (job_dir / "data").symlink_to("/usr/share")  # a link to a dataset's directory stays a link
     return job_dir
 
 
@@ -55,8 +56,10 @@ def test_everything_but_older_checkpoints_temporary_files_and_caches_is_packed(t
     assert sorted(names) == sorted([
         "status.json", "hostfile", "logs", "logs/1", "logs/1/rank.0", "logs/1/rank.0/stdout", "output",
         "output/metrics.jsonl", "output/checkpoints", "output/checkpoints/epoch-00002.ckpt", "project",
-        "project/pkg", "project/pkg/mod.py", "empty",
+        "project/pkg", "project/pkg/mod.py", "empty", "data",
     ])  # fmt: skip
+    with tarfile.open(job_dir / "results.tar.gz") as tar:
+        assert tar.getmember("data").issym() and tar.getmember("data").linkname == "/usr/share"
     assert len(names) == result["members"] and result["bytes"] == (job_dir / "results.tar.gz").stat().st_size
     # Nothing is left beside the job directory but the archive inside it.
     assert sorted(path.name for path in (tmp_path / "jobs").iterdir()) == ["job-1"]
@@ -75,7 +78,7 @@ def test_a_job_without_checkpoints_packs_its_logs(tmp_path: Path) -> None:
 def test_check_mode_writes_nothing(tmp_path: Path) -> None:
     job_dir = job(tmp_path)
     result = run(tmp_path, job_dir, check=True)
-    assert result["changed"] and result["members"] == 14 and result["bytes"] == 0
+    assert result["changed"] and result["members"] == 15 and result["bytes"] == 0
     assert (job_dir / "results.tar.gz").read_text() == "an earlier archive"
 
 

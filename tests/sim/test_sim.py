@@ -306,7 +306,8 @@ REGISTRY_PORT = 15000
 
 CHANGED_COPY = REPO / "build" / "code-change"
 # Left out of the copy: the repository's history, the environment, caches and what runs produce.
-NOT_COPIED = {".git", ".venv", "build", "runs", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+CACHES = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+NOT_COPIED = {".git", ".venv", "build", "runs"} | CACHES
 
 
 @contextlib.contextmanager
@@ -321,9 +322,9 @@ def code_change(tag: str) -> Iterator[Path]:
         REPO,
         CHANGED_COPY,
         symlinks=True,
-        ignore=lambda directory, names: (
-            [name for name in names if name in NOT_COPIED] if Path(directory) == REPO else ["__pycache__"]
-        ),
+        ignore=lambda directory, names: [
+            name for name in names if name in (NOT_COPIED if Path(directory) == REPO else CACHES)
+        ],
     )
     (CHANGED_COPY / "build").mkdir()
     subprocess.run(["cp", "-al", str(REPO / "build" / "wheelhouse"), str(CHANGED_COPY / "build")], check=True)

@@ -62,12 +62,15 @@ def members(job_dir: str, archive: str) -> tuple[list[str], str]:
     for directory, subdirectories, files in os.walk(job_dir):
         relative = os.path.relpath(directory, job_dir)
         subdirectories[:] = sorted(name for name in subdirectories if not skipped(name))
+        # A link to a directory goes in as the link (as tar keeps it); the walk does not follow it.
+        links = [name for name in subdirectories if os.path.islink(os.path.join(directory, name))]
+        subdirectories[:] = [name for name in subdirectories if name not in links]
         if relative == CHECKPOINTS:
             subdirectories[:] = []
             continue
         if relative != ".":
             found.append(relative)
-        for name in sorted(files):
+        for name in sorted(files + links):
             path = os.path.join(directory, name)
             if skipped(name) or os.path.abspath(path) == archive:
                 continue
