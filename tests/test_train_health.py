@@ -66,6 +66,26 @@ def test_preflight_runs_the_gate_then_the_job_and_keeps_its_results(local_cluste
     assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
 
 
+def test_preflight_packs_a_project_once_for_the_gate_and_the_job(local_cluster: PlaybookResult) -> None:
+    job = job_id("preflight-workdir")
+    project = REPO / "tests" / "projects" / "tiny"
+    result = run_playbook(
+        "train.yml",
+        extravars={"job_id": job, "nodes": 2, "preflight": True, "workdir": str(project), "script": "train.py",
+                   "script_args": "--steps=2 --label=gated"},
+    )  # fmt: skip
+    assert result.rc == 0, result.stdout[-5000:]
+    gate, job_text = result.stdout.split("PLAY [Plan the job]")
+    packing = "TASK [ddp_job : Pack the project directory for the nodes]"
+    # Packed (and checked) in the gate's plan, before the gate; the job after it takes that archive.
+    assert gate.split(packing)[1].split("TASK [")[0].lstrip("* \n").startswith("changed: [localhost]")
+    assert job_text.split(packing)[1].split("TASK [")[0].lstrip("* \n").startswith("skipping: [localhost]")
+    assert f"job {job}: succeeded" in job_text and f"in {project} (" in job_text
+    assert (RUNS / job / "workdir.tar.gz").is_file()
+    logs = "\n".join(path.read_text() for path in (RUNS / job / "logs").iterdir())
+    assert f"project rank 1/2 cwd=/workspace/jobs/{job}/workdir rows=24 label=gated" in logs, logs[-3000:]
+
+
 def test_preflight_asked_where_the_gate_play_cannot_see_it_starts_nothing(local_cluster: PlaybookResult) -> None:
     # The role's own name set (as group_vars would): no gate ran, so the job must not start as if one passed.
     job = job_id("unseen")
