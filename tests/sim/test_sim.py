@@ -247,6 +247,16 @@ def test_stopped_engine_stops_site_naming_the_server(sim_cluster: PlaybookResult
         wait_engine("sim-server1")
 
 
+def test_a_controller_without_the_registry_stops_site_before_anything_changes(sim_cluster: PlaybookResult) -> None:
+    # training_image's own preflight, run by playbooks/preflight.yml with the role's defaults and the inventory's.
+    result = site(training_image_registry_command="no-such-registry")
+    assert result.rc != 0
+    flat = " ".join(result.stdout.split())
+    assert "no-such-registry is not installed here" in flat and "cluster_image_distribution: save_load" in flat, flat
+    assert changed_on(result, "sim-server0") == 0 and changed_on(result, "sim-server1") == 0
+    assert "TASK [cluster_host" not in result.stdout and "TASK [training_image : Build" not in result.stdout
+
+
 def test_unreachable_server_stops_site_naming_it(sim_cluster: PlaybookResult, healthy_again: None) -> None:
     # sshd refuses connections (a server whose sshd is down): the first rule of INPUT resets them.
     reject = "INPUT -p tcp --dport 22 -j REJECT --reject-with tcp-reset"
@@ -667,7 +677,7 @@ def test_ascend_taken_hccl_port_stops_site_naming_it(ascend_cluster: PlaybookRes
         result = run_playbook("site.yml", inventory=SIM_ASCEND, cmdline="--tags preflight")
         assert result.rc != 0
         flat = " ".join(result.stdout.split())
-        taken = "sim-server1: HCCL's ports 60000-60015 (npu_host_hccl_base_port, npu_host_hccl_port_count) are taken"
+        taken = "sim-server1: the HCCL ports 60000-60015 (npu_host_hccl_base_port, npu_host_hccl_port_count) are taken"
         assert taken in flat, result.stdout[-3000:]
         assert ":60005" in flat and "nothing was changed" in flat
     finally:
