@@ -116,3 +116,12 @@ def test_cifar10_missing_and_malformed_files_are_named(tmp_path: Path) -> None:
 def test_unknown_dataset() -> None:
     with pytest.raises(DatasetError, match="'imagenet' is not one of"):
         load_dataset("imagenet", Path("."))
+
+
+def test_bundled_digits_are_the_whole_8x8_set() -> None:
+    data = load_dataset("digits", Path("unused"))
+    images = torch.cat([data.train.tensors[0], data.test.tensors[0]])
+    labels = torch.cat([data.train.tensors[1], data.test.tensors[1]])
+    assert images.shape == (1797, 64) and labels.shape == (1797,)
+    assert images.min() == 0 and images.max() == 16 and torch.equal(images, images.round())
+    assert torch.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]

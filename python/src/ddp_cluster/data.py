@@ -20,6 +20,7 @@ from ddp_cluster.errors import DatasetError
 DATASETS = ("digits", "synthetic", "mnist", "cifar10")
 DIGITS_SPLIT_SEED = 0  # the train/test split of digits is fixed, whatever --seed says
 DIGITS_TEST_FRACTION = 0.2
+DIGITS_FILE = Path(__file__).parent / "datasets" / "digits.csv.gz"
 SYNTHETIC_CLASSES = 10
 MNIST_URL = "https://yann.lecun.com/exdb/mnist/ (or any mirror of the four idx files)"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"
@@ -55,12 +56,13 @@ def load_dataset(
 
 
 def load_digits() -> Data:
-    """scikit-learn's 8x8 digits (1797 images, shipped inside the package), split 80/20 with a fixed seed."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    bunch = sklearn_digits()
-    images = np.asarray(bunch.data, dtype=np.float32)  # 0..16
-    labels = np.asarray(bunch.target, dtype=np.int64)
+    """The 8x8 digits (UCI's optdigits test set as scikit-learn ships it: 1797 images, 64 values 0..16 and the
+    label per row), bundled with the package so that the node image needs no scikit-learn (whose pins do not fit
+    a CANN base's numpy), split 80/20 with a fixed seed."""
+    with gzip.open(DIGITS_FILE, "rt") as rows:
+        table = np.loadtxt(rows, delimiter=",", dtype=np.float32)
+    images = np.ascontiguousarray(table[:, :-1])  # 0..16
+    labels = table[:, -1].astype(np.int64)
     order = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(labels))
     n_test = round(len(labels) * DIGITS_TEST_FRACTION)
     test_idx, train_idx = order[:n_test], order[n_test:]

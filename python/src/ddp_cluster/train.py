@@ -35,7 +35,7 @@ try:
     from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
 except ImportError as missing:  # the controller installs the package without torch
     raise ImportError(
-        f"ddp_cluster.train needs torch, numpy and scikit-learn ({missing}): pip install 'ddp-cluster[train]'"
+        f"ddp_cluster.train needs torch and numpy ({missing}): pip install 'ddp-cluster[train]'"
     ) from missing
 
 from ddp_cluster import checkpoint as ckpt

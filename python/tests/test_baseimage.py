@@ -1,0 +1,224 @@
+"""The base image as the controller reads it: the probe, what is kept, the refusals, and a wheelhouse resolved
+against a base's own packages (a real, offline ``pip download``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ddp_cluster import baseprobe
+from ddp_cluster.baseimage import (
+    Base,
+    BaseImageError,
+    Package,
+    best_tag,
+    conflicts,
+    make_wheelhouse,
+    minimum_python,
+    placeholder_wheel,
+    problems,
+    pull_failure,
+    read_probe,
+    registry_of,
+)
+
+NGC_TORCH = "2.13.0a0+4c1f3e2a9b.nv26.10"
+
+
+def probe_text(
+    packages: dict[str, dict[str, object]], python: str = "3.11.2", manager: str = "apt-get"
+) -> str:
+    report = {"python": python, "executable": "/usr/local/python3.11.2/bin/python3", "packages": packages}
+    lines = [f"manager: {manager}"] if manager else []
+    lines += ["machine: x86_64", "libc: 2.36", "codename: bookworm", "os: Debian GNU/Linux 12 (bookworm)"]
+    return "\n".join([*lines, baseprobe.PREFIX + json.dumps(report)]) + "\n"
+
+
+def ngc_like() -> Base:
+    return Base(
+        image="nvcr.io/nvidia/pytorch:26.10-py3",
+        manager="apt-get",
+        machine="x86_64",
+        python="3.11.2",
+        executable="/usr/bin/python3",
+        tools=frozenset({"python3"}),
+        kept={
+            "torch": Package("torch", NGC_TORCH, ("filelock", 'numpy; extra == "numpy"'), "/usr/local/lib"),
+            "filelock": Package("filelock", "3.20.0"),
+            "numpy": Package("numpy", "1.24.0", (), "/usr/local/python3.11.2/lib/python3.11/site-packages"),
+        },
+    )
+
+
+def test_the_probe_reads_its_own_interpreter_and_the_kept_closure() -> None:
+    done = subprocess.run([sys.executable, baseprobe.__file__], capture_output=True, text=True, check=True)
+    base = read_probe("here", "manager: apt-get\ntool: sshd\ntool: python3\n" + done.stdout)
+    assert base.python == ".".join(map(str, sys.version_info[:3])) and base.executable == sys.executable
+    assert base.manager == "apt-get" and base.tools == {"sshd", "python3"}
+    import numpy
+    import torch
+
+    assert base.kept["torch"].version == torch.__version__ and base.kept["numpy"].version == numpy.__version__
+    # torch's own requirements that are installed come along (filelock is one of torch's on every release).
+    assert "filelock" in base.kept and all(
+        not line.endswith('extra == "opt-einsum"') for line in base.kept["torch"].requires
+    )
+
+
+def test_requirement_lines_skip_comments_and_options() -> None:
+    base = ngc_like()
+    text = "# torch==1.0\n--extra-index-url https://x\ntorch==2.13.0  # pinned\nnumpy>=1.24\nfilelock<3\n"
+    found = conflicts(base, text, "3.11")
+    assert len(found) == 2
+    assert found[0].startswith(
+        f"line 3 asks for torch==2.13.0, but the base image has torch {NGC_TORCH} in /usr/local/lib"
+    )
+    assert found[0].endswith(f"remove the line or make it torch=={NGC_TORCH}")
+    assert found[1].startswith("line 5 asks for filelock<3, but the base image has filelock 3.20.0")
+
+
+def test_a_requirement_the_base_satisfies_or_a_marker_excludes_is_not_a_conflict() -> None:
+    text = 'numpy>=1.24\ntorch\nnumpy==2.4.6; python_version < "3.11"\nscipy==1.0\n'
+    assert conflicts(ngc_like(), text, "3.11") == []
+    assert len(conflicts(ngc_like(), text, "3.10")) == 1
+
+
+def test_problems_name_old_python_missing_tools_and_conflicts() -> None:
+    old = read_probe("ddp-cluster/base:bullseye", "manager: apt-get\ncodename: bullseye\n")
+    (said,) = problems(
+        old, requirements_text="", requirements_path="r.txt", minimum="3.10", python_version="3.9"
+    )
+    assert said.startswith(
+        "the base image ddp-cluster/base:bullseye has Python 3.9 (bullseye's python3), older than the 3.10"
+    )
+    bare = read_probe("mine:1", probe_text({}, manager="") + "tool: python3\ntool: sshd\n")
+    (said,) = problems(
+        bare, requirements_text="", requirements_path="r.txt", minimum="3.10", python_version="3.11"
+    )
+    assert "has no package manager (apt-get, dnf, yum) to install ssh, mpirun with: add them" in said
+    complete = read_probe(
+        "mine:2",
+        probe_text({}, manager="") + "".join(f"tool: {t}\n" for t in ("sshd", "ssh", "mpirun", "python3")),
+    )
+    assert (
+        problems(
+            complete, requirements_text="", requirements_path="r.txt", minimum="3.10", python_version="3.11"
+        )
+        == []
+    )
+    (said,) = problems(
+        ngc_like(),
+        requirements_text="torch==2.13.0\n",
+        requirements_path="r.txt",
+        minimum="3.10",
+        python_version="3.11",
+    )
+    assert (
+        said.startswith("training_image_requirements (r.txt) line 1 asks for torch==2.13.0")
+        and "never installs over" in said
+    )
+
+
+def test_minimum_python_is_read_from_pyproject() -> None:
+    assert minimum_python('[project]\nrequires-python = ">=3.10"\n') == "3.10"
+    with pytest.raises(BaseImageError):
+        minimum_python("[project]\n")
+
+
+def test_placeholder_ranks_first_and_carries_the_exact_version_and_requirements(tmp_path: Path) -> None:
+    tag = best_tag("3.11", ["manylinux_2_36_x86_64", "manylinux_2_35_x86_64", "any"])
+    assert tag == "cp311-cp311-manylinux_2_36_x86_64" and best_tag("3.11", ["any"]) == "py3-none-any"
+    wheel = placeholder_wheel(ngc_like().kept["torch"], tmp_path, tag)
+    assert wheel.name == f"torch-{NGC_TORCH}-99999ddp-{tag}.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"torch-{NGC_TORCH}.dist-info/METADATA").decode()
+    assert f"Version: {NGC_TORCH}\n" in metadata and "Requires-Dist: filelock\n" in metadata
+
+
+def plain_wheel(directory: Path, name: str, version: str, requires: list[str]) -> None:
+    placeholder_wheel(Package(name, version, tuple(requires)), directory, "py3-none-any").rename(
+        directory / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+    )
+
+
+def offline(index: Path) -> list[str]:
+    return ["--no-index", "--find-links", str(index)]
+
+
+def test_the_wheelhouse_resolves_against_the_base_and_holds_none_of_it(tmp_path: Path) -> None:
+    index, dest = tmp_path / "index", tmp_path / "wheelhouse"
+    index.mkdir(), dest.mkdir()
+    plain_wheel(index, "needs-torch", "1.0", ["torch>=2.0", "numpy"])
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("needs-torch==1.0\nnumpy>=1.24\n")
+    wheels = make_wheelhouse(
+        ngc_like(), requirements=requirements, dest=dest, python_version="3.11",
+        platforms=["manylinux_2_36_x86_64", "any"], pip_args=offline(index),
+    )  # fmt: skip
+    assert wheels == ["needs_torch-1.0-py3-none-any.whl"]
+    assert sorted(path.name for path in dest.iterdir()) == [
+        "constraints.txt",
+        "needs_torch-1.0-py3-none-any.whl",
+        "requirements.txt",
+    ]
+    assert f"torch=={NGC_TORCH}\n" in (dest / "constraints.txt").read_text()
+
+
+def test_a_dependency_that_needs_another_torch_is_refused_naming_it(tmp_path: Path) -> None:
+    index, dest = tmp_path / "index", tmp_path / "wheelhouse"
+    index.mkdir(), dest.mkdir()
+    plain_wheel(index, "needs-new-torch", "1.0", ["torch>=2.14"])
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("needs-new-torch\n")
+    with pytest.raises(BaseImageError) as raised:
+        make_wheelhouse(
+            ngc_like(), requirements=requirements, dest=dest, python_version="3.11",
+            platforms=["manylinux_2_36_x86_64"], pip_args=offline(index),
+        )  # fmt: skip
+    said = str(raised.value)
+    assert (
+        "with the base image's packages kept as they are "
+        f"(filelock==3.20.0, numpy==1.24.0, torch=={NGC_TORCH})" in said
+    )
+    assert "torch>=2.14" in said and list(dest.glob("*.whl")) == []
+
+
+def test_no_torch_anywhere_is_refused(tmp_path: Path) -> None:
+    index, dest = tmp_path / "index", tmp_path / "wheelhouse"
+    index.mkdir(), dest.mkdir()
+    plain_wheel(index, "tiny", "1.0", [])
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("tiny\n")
+    bare = Base(image="debian:12", python="3.11.2")
+    with pytest.raises(BaseImageError, match=r"neither the base image debian:12 nor .* brings torch"):
+        make_wheelhouse(
+            bare,
+            requirements=requirements,
+            dest=dest,
+            python_version="3.11",
+            platforms=["any"],
+            pip_args=offline(index),
+        )
+
+
+def test_registry_and_pull_failures_are_said_for_the_user() -> None:
+    assert registry_of("nvcr.io/nvidia/pytorch:26.10-py3") == "nvcr.io"
+    assert (
+        registry_of("127.0.0.1:5000/cann:8.2") == "127.0.0.1:5000"
+        and registry_of("ascendai/cann:8.2") == "docker.io"
+    )
+    said = pull_failure(
+        "127.0.0.1:5000/cann:8.2", "Error response from daemon: no basic auth credentials", False, 60
+    )
+    assert "docker login 127.0.0.1:5000" in said and "docker load -i" in said
+    said = pull_failure(
+        "127.0.0.1:5000/x:1", "manifest for 127.0.0.1:5000/x:1 not found: manifest unknown", False, 60
+    )
+    assert "has no such image" in said
+    said = pull_failure("nvcr.io/nvidia/pytorch:26.10-py3", "", True, 3600)
+    assert "did not finish within training_image_pull_timeout (3600 s)" in said
