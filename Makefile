@@ -3,7 +3,9 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 
-PYTHON ?= python3
+# The Python .venv is made with: empty, the first of python3.13, python3.12, python3.11 (and python3) on PATH that
+# the pinned Ansible runs on (ansible-core 2.19: 3.11 to 3.13); scripts/find-python.sh checks either.
+PYTHON ?=
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
@@ -14,7 +16,7 @@ NODES ?= 2
 TORCH_VERSION ?= 2.13.0
 MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help venv test-deps docker base-image image site train demo lint unit molecule e2e sim-e2e suites sim-up sim-down test bench clean
+.PHONY: help venv test-deps docker base-image registry image site train demo lint unit molecule e2e sim-e2e suites sim-up sim-down test bench clean
 
 help:
 	@echo "make demo    set up this machine and run site.yml, then train.yml -e nodes=$(NODES), on the local cluster"
@@ -22,11 +24,17 @@ help:
 	@echo "make lint    yamllint, ansible-lint, ruff, mypy"
 	@echo "make bench   benchmarks (figures, not tests)"
 	@echo "make clean   remove the local cluster's containers, network and state"
+	@echo "make venv    .venv with the pinned Ansible, on Python 3.11-3.13 (PYTHON=... picks the interpreter)"
+	@echo "make registry  install Docker's Distribution registry, which registry distribution runs on the controller"
 	@echo "make sim-up  start SIM_SERVERS (default 2) simulated servers for inventories/sim and sim-ascend; sim-down removes them"
 
+# The pinned ansible-core runs on Python 3.11 to 3.13 only, and pip's resolver says no more than "no matching
+# distribution" elsewhere: find-python.sh picks a supported interpreter or names the command that installs one,
+# keeps a .venv already on a supported Python and has one on another rebuilt.
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements/controller.txt python/pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	@python=$$(PYTHON='$(PYTHON)' scripts/find-python.sh $(VENV)); \
+	if [ -n "$$python" ]; then rm -rf $(VENV); echo "$$python -m venv $(VENV)"; "$$python" -m venv $(VENV); fi
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements/controller.txt
 	$(BIN)/pip install --quiet -e python
@@ -38,14 +46,22 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e 'python[train,plot,test]' 'torch==$(TORCH_VERSION)'
 	touch $@
 
+# The controller's system tools come from scripts/install-tool.sh (apt-get, else dnf, else yum; as root), each
+# only where the chosen path needs it. The engine, always:
 docker:
 	@scripts/ensure-docker.sh
-	@command -v debootstrap >/dev/null || { echo "installing debootstrap"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
-	@# Docker's Distribution registry, which the image stage runs on the controller's loopback for remote servers.
-	@command -v docker-registry >/dev/null || { echo "installing docker-registry"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null; }
 
+# debootstrap only builds the project's own base images (ddp-cluster/base:*), and only when the engine lacks one.
 base-image: docker
+	@case '$(BASE_IMAGE)' in ddp-cluster/base:*) \
+	  docker image inspect '$(BASE_IMAGE)' >/dev/null 2>&1 || scripts/install-tool.sh debootstrap;; esac
 	@scripts/build-base-image.sh $(BASE_IMAGE)
+
+# Docker's Distribution registry, which the image stage runs on the controller's loopback when servers are remote
+# and name no registry of their own (the sim, a real cluster; not the local inventory). On dnf systems the
+# package is docker-distribution and its command `registry`: install-tool.sh says which setting to change.
+registry:
+	@scripts/install-tool.sh docker-registry
 
 image: venv base-image
 	ansible-playbook site.yml --tags preflight,image
@@ -81,16 +97,17 @@ molecule: $(MOLECULE_DEPS)
 	  grep -E "passed|failed" build/molecule-$$scenario.log | tail -n 1 || true; \
 	done
 
-e2e: test-deps base-image
+# The local tests include the registry's own (tests/test_image_distribute.py; skipped without it).
+e2e: test-deps base-image registry
 	pytest -q tests --ignore=tests/sim
 
 # The real-cluster path on simulated servers (made fresh for the run, removed after it).
-sim-e2e: test-deps base-image
+sim-e2e: test-deps base-image registry
 	pytest -q -p no:cacheprovider tests/sim
 
 # Simulated servers (sim-server0...) with their own Docker engine, sshd and firewall: see README.md.
 SIM_SERVERS ?= 2
-sim-up: venv
+sim-up: venv registry
 	SIM_SERVERS=$(SIM_SERVERS) PYTHON=$(BIN)/python TORCH_VERSION=$(TORCH_VERSION) scripts/sim.sh up
 
 sim-down:
@@ -99,15 +116,15 @@ sim-down:
 # The local suites (molecule, then the local end-to-end tests) and the sim's end-to-end tests use their own
 # containers, networks and image names on this engine, so they run side by side (about 24 and 21 minutes alone),
 # each into its own log under build/, printed as it ends. The local image is built first: the sim's, under its own
-# name, then comes from the build cache.
-suites: test-deps base-image image
+# name, then comes from the build cache. The registry is installed before, not by both sequences at once.
+suites: test-deps base-image registry image
 	@scripts/side-by-side.sh \
 	  build/test-local.log "$(MAKE) --no-print-directory molecule e2e MOLECULE_DEPS=test-deps" \
 	  build/test-sim.log "$(MAKE) --no-print-directory sim-e2e"
 
 test: lint unit suites
 
-bench: test-deps base-image
+bench: test-deps base-image registry
 	$(BIN)/python bench/bench_site.py
 	$(BIN)/python bench/bench_train.py
 	$(BIN)/python bench/bench_launch.py

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Make sure a Docker engine answers: install docker.io where it is missing (Debian/Ubuntu, as root), and start
-# the engine, with the service manager where there is one, else dockerd in the background.
+# Make sure a Docker engine answers: install it where dockerd is missing (scripts/install-tool.sh: docker.io with
+# apt-get, docker or moby-engine with dnf, as root), and start the engine, with the service manager where there is
+# one, else dockerd in the background.
 set -euo pipefail
 
 log=${DOCKERD_LOG:-/var/log/ddp-cluster-dockerd.log}
@@ -16,10 +17,7 @@ need_root() {
   fi
 }
 if ! command -v dockerd >/dev/null 2>&1; then
-  need_root "installing docker.io"
-  echo "docker engine: installing docker.io"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq docker.io >/dev/null
+  "$(dirname "$0")/install-tool.sh" dockerd
 fi
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
   need_root "starting docker"

@@ -56,9 +56,9 @@ def load_dataset(
 
 
 def load_digits() -> Data:
-    """The 8x8 digits (UCI's optdigits test set as scikit-learn ships it: 1797 images, 64 values 0..16 and the
-    label per row), bundled with the package so that the node image needs no scikit-learn (whose pins do not fit
-    a CANN base's numpy), split 80/20 with a fixed seed."""
+    """The 8x8 digits (UCI's optdigits test set as scikit-learn ships it: 1797 images, 64 values 0..16 and
+    the label per row), bundled with the package so that the node image needs no scikit-learn (whose pins do
+    not fit a CANN base's numpy), split 80/20 with a fixed seed."""
     with gzip.open(DIGITS_FILE, "rt") as rows:
         table = np.loadtxt(rows, delimiter=",", dtype=np.float32)
     images = np.ascontiguousarray(table[:, :-1])  # 0..16
