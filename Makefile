@@ -51,10 +51,11 @@ $(VENV)/.installed-test: $(VENV)/.installed
 docker:
 	@scripts/ensure-docker.sh
 
-# debootstrap only builds the project's own base images (ddp-cluster/base:*), and only when the engine lacks one.
+# debootstrap only builds the project's own base images (ddp-cluster/base:*), and only when the engine lacks one;
+# other bases are pulled.
+PROJECT_BASE := $(filter ddp-cluster/base:%,$(BASE_IMAGE))
 base-image: docker
-	@case '$(BASE_IMAGE)' in ddp-cluster/base:*) \
-	  docker image inspect '$(BASE_IMAGE)' >/dev/null 2>&1 || scripts/install-tool.sh debootstrap;; esac
+	@$(if $(PROJECT_BASE),docker image inspect '$(BASE_IMAGE)' >/dev/null 2>&1 || scripts/install-tool.sh debootstrap)
 	@scripts/build-base-image.sh $(BASE_IMAGE)
 
 # Docker's Distribution registry, which the image stage runs on the controller's loopback when servers are remote
