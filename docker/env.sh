@@ -5,6 +5,10 @@ if [ -z "${DDP_CLUSTER_ENV:-}" ]; then
   # The base image's ENV, captured at build time: sshd's shells do not get it otherwise.
   [ -r /etc/ddp-cluster/base.env ] && . /etc/ddp-cluster/base.env
   export PATH="/opt/venv/bin:$PATH"
+  # OpenMPI from dnf/yum (openEuler, RHEL) lives outside PATH, where `module load mpi` would put it.
+  if [ -x /usr/lib64/openmpi/bin/mpirun ]; then
+    export PATH="$PATH:/usr/lib64/openmpi/bin" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}/usr/lib64/openmpi/lib"
+  fi
   # Containers run as root; OpenMPI refuses that unless told.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   # Settings of this cluster and node (interface, accelerator variables), written by site.yml.

@@ -100,10 +100,14 @@ def test_problems_name_old_python_missing_tools_and_conflicts() -> None:
     (said,) = problems(
         bare, requirements_text="", requirements_path="r.txt", minimum="3.10", python_version="3.11"
     )
-    assert "has no package manager (apt-get, dnf, yum) to install ssh, mpirun with: add them" in said
+    assert (
+        "has no package manager (apt-get, dnf, yum) to install ssh, mpirun, ip, ss, pkill with: add them"
+        in said
+    )
     complete = read_probe(
         "mine:2",
-        probe_text({}, manager="") + "".join(f"tool: {t}\n" for t in ("sshd", "ssh", "mpirun", "python3")),
+        probe_text({}, manager="")
+        + "".join(f"tool: {t}\n" for t in ("sshd", "ssh", "mpirun", "ip", "ss", "pkill", "python3")),
     )
     assert (
         problems(

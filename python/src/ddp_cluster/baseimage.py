@@ -37,7 +37,7 @@ from pathlib import Path
 from ddp_cluster.baseprobe import PREFIX, canonical
 
 # The commands the node image runs with; a base without a package manager must bring them itself.
-NEEDED_TOOLS = ("sshd", "ssh", "mpirun", "python3")
+NEEDED_TOOLS = ("sshd", "ssh", "mpirun", "ip", "ss", "pkill", "python3")
 # Package managers the image build knows, in the order it tries them.
 MANAGERS = ("apt-get", "dnf", "yum")
 # The project's own base images: the only ones ever built here (debootstrap), never pulled.
@@ -121,6 +121,22 @@ def read_probe(image: str, text: str) -> Base:
     )
 
 
+# The python3 a distribution's own package manager installs, for a base that has none yet.
+PYTHON_BY_CODENAME = {
+    "bullseye": "3.9",
+    "bookworm": "3.11",
+    "trixie": "3.13",
+    "focal": "3.8",
+    "jammy": "3.10",
+    "noble": "3.12",
+}
+
+
+def python_version(base: Base, override: str = "") -> str:
+    """The X.Y the node image will run: the setting, else the base's python3, else its distribution's; ''."""
+    return override or base.python_minor or PYTHON_BY_CODENAME.get(base.codename, "")
+
+
 def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
 
@@ -182,10 +198,25 @@ def problems(
     requirements_path: str,
     minimum: str,
     python_version: str,
+    imported: bool = False,
 ) -> list[str]:
     """Every reason the node image cannot be built on this base, each a sentence that says what to do; [] if
-    none. python_version: the X.Y the image will run (the base's python3, else its package manager's)."""
+    none. python_version: the X.Y the image will run (the base's python3, else its package manager's);
+    imported: the image was made by ``docker import`` (no build history)."""
     found = []
+    if (
+        imported
+        and not base.image.startswith(PROJECT_BASE)
+        and not base.python
+        and "debian" in base.os.lower()
+    ):
+        # What earlier versions did when a user's base could not be pulled: Debian under the user's name.
+        found.append(
+            f"the base image {base.image} on this engine is a plain {base.os} without Python made by docker "
+            "import, most likely by an earlier ddp-cluster that could not pull your image and built Debian "
+            f"under its name: remove it (docker rmi {base.image}) and run again, so that yours is pulled"
+        )
+        return found
     if not python_version:
         found.append(
             f"cannot tell which Python the base image {base.image} will have: it has no python3 and its "
@@ -344,7 +375,7 @@ def _cli(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     wheelhouse = commands.add_parser("wheelhouse", help="download the wheels for a base image")
     wheelhouse.add_argument("--image", required=True)
-    wheelhouse.add_argument("--probe", type=Path, required=True, help="the base image probe's output")
+    wheelhouse.add_argument("--probe", type=Path, required=True, help="the probe's output, - for stdin")
     wheelhouse.add_argument("--requirements", type=Path, required=True)
     wheelhouse.add_argument("--dest", type=Path, required=True)
     wheelhouse.add_argument("--python-version", required=True)
@@ -353,7 +384,8 @@ def _cli(argv: Sequence[str] | None = None) -> int:
         "pip_args", nargs=argparse.REMAINDER, help="after --: extra pip download arguments"
     )
     args = parser.parse_args(argv)
-    base = read_probe(args.image, args.probe.read_text())
+    probe = sys.stdin.read() if str(args.probe) == "-" else args.probe.read_text()
+    base = read_probe(args.image, probe)
     pip_args = args.pip_args[1:] if args.pip_args[:1] == ["--"] else args.pip_args
     try:
         wheels = make_wheelhouse(

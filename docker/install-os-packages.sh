@@ -1,0 +1,82 @@
+#!/bin/sh
+# Install what a node runs with (sshd, ssh, mpirun, a Python that makes venvs, ip/ss, pkill) with the base image's
+# own package manager (apt-get, dnf or yum), only what the base lacks, plus the packages named as arguments
+# (training_image_os_packages). A base that has them all needs no package manager at all. No host key stays.
+# DDP_PACKAGE_MANAGER forces one (tests); DDP_DRY_RUN=1 prints the install command instead of running it.
+set -eu
+
+say() { echo "ddp-install-os-packages: $*" >&2; }
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/lib64/openmpi/bin/$1" ]; }
+python_ok() { python3 -c 'import ensurepip, venv' >/dev/null 2>&1; }
+
+missing=""
+for tool in sshd ssh mpirun ip ss pkill; do
+  have "$tool" || missing="$missing $tool"
+done
+python_ok || missing="$missing python3"
+
+manager=${DDP_PACKAGE_MANAGER:-}
+if [ -z "$manager" ]; then
+  for candidate in apt-get dnf yum; do
+    if command -v "$candidate" >/dev/null 2>&1; then manager=$candidate; break; fi
+  done
+fi
+
+# The package that brings a tool, per manager family.
+package_of() {
+  case "$manager:$1" in
+    apt-get:sshd) echo openssh-server ;;
+    apt-get:ssh) echo openssh-client ;;
+    apt-get:mpirun) echo openmpi-bin netbase ;;
+    apt-get:ip | apt-get:ss) echo iproute2 ;;
+    apt-get:pkill) echo procps ;;
+    apt-get:python3) echo python3 python3-venv ;;
+    *:sshd) echo openssh-server ;;
+    *:ssh) echo openssh-clients ;;
+    *:mpirun) echo openmpi ;;
+    *:ip | *:ss) echo iproute ;;
+    *:pkill) echo procps-ng ;;
+    *:python3) echo python3 ;;
+  esac
+}
+
+packages=""
+for tool in $missing; do
+  for package in $(package_of "$tool"); do
+    case " $packages " in *" $package "*) ;; *) packages="$packages $package" ;; esac
+  done
+done
+[ -z "$packages" ] || packages="${packages# } ca-certificates"
+[ $# -eq 0 ] || packages="${packages:+$packages }$*"
+
+if [ -z "$packages" ]; then
+  say "the base image has sshd, ssh, mpirun, ip, ss, pkill and python3 with venv: nothing to install"
+elif [ -z "$manager" ]; then
+  say "the base image lacks${missing:- nothing} and has no package manager (apt-get, dnf, yum) to install $packages with: add them to it yourself"
+  exit 1
+else
+  case "$manager" in
+    apt-get) command="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $packages && rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb" ;;
+    dnf | yum) command="$manager install -y $packages && $manager clean all && rm -rf /var/cache/$manager" ;;
+    *) say "unknown package manager $manager"; exit 1 ;;
+  esac
+  say "installing with $manager: $packages"
+  if [ "${DDP_DRY_RUN:-0}" = 1 ]; then
+    echo "$command"
+    exit 0
+  fi
+  sh -c "$command"
+fi
+
+still=""
+for tool in sshd ssh mpirun ip ss pkill; do
+  have "$tool" || still="$still $tool"
+done
+python_ok || still="$still python3(venv)"
+if [ -n "$still" ]; then
+  say "still missing after the install:$still"
+  exit 1
+fi
+# A base (or openssh-server's install) may hold host keys: each node makes its own at first start.
+rm -f /etc/ssh/ssh_host_*
+mkdir -p /run/sshd
