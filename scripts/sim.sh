@@ -14,7 +14,13 @@ PREFIX=172.30.99.
 FIRST_OCTET=10
 BASE_IMAGE=${BASE_IMAGE:-ddp-cluster/base:bookworm}
 SERVER_IMAGE=ddp-cluster/sim-server:bookworm
-CANN_IMAGE=ddp-cluster/cann-standin:8.0.0-torch${TORCH_VERSION:-2.13.0}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+# Stand-ins of the vendors' published base images (sim/cann/Dockerfile, sim/ngc/Dockerfile) and of torch_npu's wheel.
+CANN_IMAGE=ddp-cluster/cann-standin:8.2.rc1-910b-py3.11
+NGC_IMAGE=ddp-cluster/ngc-standin:26.10-py3
+TORCH_NPU_WHEELHOUSE=build/sim/torch-npu-standin
+# CANN 8.2.rc1's runtime pip packages, as its Dockerfile lists them (pip: its `pip install --upgrade pip`).
+CANN_PIP_PACKAGES="pip attrs cython numpy==1.24.0 decorator sympy cffi pyyaml pathlib2 psutil protobuf==3.20 scipy requests absl-py"
 # The controller's access to the servers: its key, the servers' pinned host keys, the ssh settings for them.
 ACCESS_DIR=${HOME}/.ddp-cluster/sim-servers
 SSH_CONFIG=${HOME}/.ssh/config
@@ -34,12 +40,18 @@ check_count() {
   [ "$SERVERS" -ge 1 ] && [ "$SERVERS" -le 8 ] || die "SIM_SERVERS=$SERVERS is out of range: set it to 1 to 8"
 }
 
-# Build an image from a context of only the named paths (they include the Dockerfile) (the repository's .dockerignore is the node image's).
+# Build an image from a context of only the named paths (they include the Dockerfile) (the repository's .dockerignore
+# is the node image's); leading `--build-arg NAME=VALUE` pairs go to docker build.
 build_image() {
   local image=$1 dockerfile=$2
   shift 2
+  local args=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+  while [ "${1:-}" = --build-arg ]; do
+    args+=("$1" "$2")
+    shift 2
+  done
   log "building $image"
-  tar -c "$@" | DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+  tar -c "$@" | DOCKER_BUILDKIT=0 docker build -q "${args[@]}" \
     -f "$dockerfile" -t "$image" - 2> >(grep -v -e DEPRECATED -e BuildKit -e environment-variable -e '^$' >&2) >/dev/null
 }
 
@@ -139,17 +151,45 @@ write_inventory() {
   mv build/sim/hosts.yml.new build/sim/hosts.yml
 }
 
-# Rebuilt on every sim-up (Docker's layer cache makes an unchanged one take seconds); the wheels are downloaded once.
+# Download wheels for CPython 3.11 on this machine's architecture into DIR, once: a marker names what was asked
+# for, and a changed request downloads afresh (into a temporary directory moved into place when complete).
+download_wheels() {
+  local dir=$1 machine marker
+  shift
+  machine=$(uname -m)
+  marker=".complete-$(echo "$machine $*" | sha256sum | cut -c1-16)"
+  [ -f "$dir/$marker" ] && return 0
+  log "downloading wheels into $dir: $*"
+  rm -rf "$dir.tmp"
+  mkdir -p "$dir.tmp"
+  "${PYTHON:-python3}" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+    --python-version 3.11 --implementation cp --abi cp311 \
+    --platform "manylinux_2_28_$machine" --platform "manylinux2014_$machine" --platform "manylinux_2_17_$machine" \
+    --dest "$dir.tmp" "$@" || die "could not download $* into $dir"
+  touch "$dir.tmp/$marker"
+  rm -rf "$dir"
+  mv "$dir.tmp" "$dir"
+}
+
+# The base-image stand-ins are rebuilt on every sim-up (Docker's layer cache makes an unchanged one take seconds:
+# the CPython build in the CANN one takes minutes only the first time).
 build_cann_standin() {
-  local wheels=build/sim/cann-wheels
-  if [ ! -f "$wheels/.complete-${TORCH_VERSION:-2.13.0}" ]; then
-    log "downloading torch ${TORCH_VERSION:-2.13.0} and numpy 1.26 for the CANN stand-in image into $wheels"
-    mkdir -p "$wheels"
-    "${PYTHON:-python3}" -m pip download --quiet --disable-pip-version-check --only-binary=:all: --dest "$wheels" \
-      "torch==${TORCH_VERSION:-2.13.0}" "numpy==1.26.4"
-    touch "$wheels/.complete-${TORCH_VERSION:-2.13.0}"
-  fi
-  build_image "$CANN_IMAGE" sim/cann/Dockerfile sim/cann "$wheels"
+  # shellcheck disable=SC2086
+  download_wheels build/sim/cann-wheels $CANN_PIP_PACKAGES
+  build_image "$CANN_IMAGE" sim/cann/Dockerfile sim/cann/Dockerfile sim/cann/ascend-toolkit sim/cann/nnal build/sim/cann-wheels
+}
+
+build_ngc_standin() {
+  download_wheels build/sim/ngc-wheels "torch==$TORCH_VERSION" numpy
+  build_image "$NGC_IMAGE" sim/ngc/Dockerfile --build-arg "TORCH_VERSION=$TORCH_VERSION" sim/ngc build/sim/ngc-wheels
+}
+
+# torch_npu's stand-in as a wheel in a wheelhouse, as real nodes get torch_npu (it is tiny: rebuilt every time,
+# written beside and moved into place, so a reader never sees half a file).
+build_torch_npu_wheel() {
+  log "building the torch_npu stand-in wheel into $TORCH_NPU_WHEELHOUSE"
+  "${PYTHON:-python3}" sim/cann/make-torch-npu-wheel.py --version "$TORCH_VERSION" "$TORCH_NPU_WHEELHOUSE" >/dev/null \
+    || die "could not build the torch_npu stand-in wheel"
 }
 
 up() {
@@ -158,6 +198,8 @@ up() {
   scripts/build-base-image.sh "$BASE_IMAGE" >/dev/null
   build_image "$SERVER_IMAGE" sim/server/Dockerfile sim/server sim/ascend tests/doubles/hccn_tool tests/doubles/npu-smi
   build_cann_standin
+  build_ngc_standin
+  build_torch_npu_wheel
   ensure_network
   ensure_key
   local index

@@ -108,7 +108,7 @@ class ActionModule(ActionBase):
                     display.display(f"base image {name}: {layers.describe()}, {shown - started:.0f} s")
             returncode = pull.wait()
         if present(name) and (returncode == 0 or timed_out):
-            display.display(f"base image {name}: pulled in {time.monotonic() - started:.0f} s")
+            display.display(f"base image {name}: pulled in {time.monotonic() - started:.1f} s")
             result.update(changed=True, msg=f"pulled {name}", seconds=round(time.monotonic() - started, 1))
             return result
         result.update(failed=True, changed=False, msg=pull_failure(name, "\n".join(said), timed_out, timeout))

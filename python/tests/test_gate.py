@@ -87,3 +87,14 @@ def test_with_several_processes_per_node_the_pairs_are_between_the_nodes_first_r
     )
     assert [report["rank"] for report in results["reports"]] == [0, 1, 2, 3]
     assert results["verdict"]["passed"], results["verdict"]
+
+
+def test_cann_version_is_read_where_the_toolkit_package_puts_it(tmp_path: Path) -> None:
+    from ddp_cluster.gate import cann_version
+
+    assert cann_version(str(tmp_path), "aarch64") is None
+    (tmp_path / "ascend_toolkit_install.info").write_text("package_name=Ascend-cann-toolkit\nversion=8.0.0\n")
+    assert cann_version(str(tmp_path), "aarch64") == "8.0.0"
+    (tmp_path / "aarch64-linux").mkdir()
+    (tmp_path / "aarch64-linux" / "ascend_toolkit_install.info").write_text("version=8.2.RC1\narch=aarch64\n")
+    assert cann_version(str(tmp_path), "aarch64") == "8.2.RC1"

@@ -27,6 +27,7 @@ from conftest import REPO, PlaybookResult, run_playbook, start_train
 
 SIM = REPO / "inventories" / "sim"
 SIM_ASCEND = REPO / "inventories" / "sim-ascend"
+GPU_REQUIREMENTS = REPO / "inventories" / "gpu-example" / "requirements-gpu.txt"
 SERVERS = ["sim-server0", "sim-server1"]
 RUNS = REPO / "runs"
 QUICK = "--dataset digits --epochs 3 --batch-size 32 --lr 0.05"
@@ -34,6 +35,15 @@ STATE = "/var/lib/ddp-cluster"
 # The sim inventories name their node image apart from the local cluster's (the two suites share one engine).
 NODE_IMAGE = "ddp-cluster/sim-node"
 ANSIBLE_CONTROL_DIR = Path.home() / ".ansible" / "cp"
+# The stand-ins of the vendors' images that scripts/sim.sh builds (sim/cann, sim/ngc).
+CANN_PYTHON = "/usr/local/python3.11.2/bin/python3.11"
+CANN_SITE = "/usr/local/python3.11.2/lib/python3.11/site-packages"
+NGC_BASE = "ddp-cluster/ngc-standin:26.10-py3"
+NGC_SITE = "/usr/local/lib/python3.11/dist-packages"
+# Each named module's version and file, as a node's Python imports them.
+VERSIONS = (
+    "import importlib, sys; [print(m.__version__, m.__file__) for m in map(importlib.import_module, sys.argv[1:])]"
+)
 
 
 def sim(*args: str) -> None:
@@ -541,6 +551,36 @@ def test_the_cluster_is_back_on_the_repositorys_code(sim_cluster: PlaybookResult
     assert done.rc == 0, done.stdout[-5000:]
 
 
+def test_an_ngc_base_keeps_its_own_torch_and_trains(sim_cluster: PlaybookResult, tmp_path: Path) -> None:
+    # NVIDIA's PyTorch container as a gpu inventory takes it (inventories/gpu-example): its own torch build, which
+    # no index has, stays; the gpu requirements add only the rest. Then the cpu cluster runs on it.
+    ngc_torch = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "python3", NGC_BASE, "-c", "import torch; print(torch.__version__)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert ".nv26.10" in ngc_torch
+    gpu = {"cluster_base_image": NGC_BASE, "training_image_requirements": str(GPU_REQUIREMENTS)}
+    result = site(**gpu)
+    assert result.rc == 0, result.stdout[-6000:]
+    for server in SERVERS:
+        found = on_node(server, f"python -c '{VERSIONS}' torch numpy").stdout.split()
+        assert found[:2] == [ngc_torch, f"{NGC_SITE}/torch/__init__.py"], found
+        assert found[3] == f"{NGC_SITE}/numpy/__init__.py", found
+        assert on_node(server, "ls /opt/venv/lib/python3.11/site-packages | grep -ci '^torch' || true").stdout == "0\n"
+    job = job_id("ngc")
+    done = train(job, nodes=2, script_args=QUICK)
+    assert done.rc == 0, done.stdout[-5000:]
+    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
+    # Our default requirements pin PyPI's torch: on this base that is refused naming both, before any build.
+    refused = run_playbook(
+        "site.yml", {**gpu, "training_image_requirements": str(REPO / "docker" / "requirements.txt")},
+        inventory=SIM, cmdline="--tags training_image_base",
+    )  # fmt: skip
+    flat = " ".join(refused.stdout.split())
+    assert refused.rc != 0
+    assert f"asks for torch==2.13.0, but the base image has torch {ngc_torch} in /usr/local/lib" in flat, flat[-3000:]
+
+
 @pytest.fixture(scope="module")
 def ascend_cluster(servers: list[str]) -> PlaybookResult:
     result = site(SIM_ASCEND)
@@ -568,9 +608,14 @@ def test_ascend_node_gets_what_real_training_needs(ascend_cluster: PlaybookResul
         # npu-smi where ascend-docker-runtime mounts it, found on the host.
         assert "Total Count" in on_node(server, "npu-smi info -l").stdout
         assert on_node(server, "command -v npu-smi").stdout.strip() == "/usr/local/sbin/npu-smi"
-        # The base image's numpy 1.x (CANN's), not a wheel from the wheelhouse over it.
-        numpy = on_node(server, "python -c 'import numpy; print(numpy.__version__, numpy.__file__)'").stdout.split()
-        assert numpy[0] == "1.26.4" and numpy[1].startswith("/usr/local/lib/python3.11/dist-packages/"), numpy
+        # The venv is made with the Python the CANN base puts first on PATH (built into /usr/local/python3.11.2),
+        # keeps the base's numpy 1.24.0, and has torch and torch_npu from the wheelhouse by the example's pins.
+        assert on_node(server, "readlink -f /opt/venv/bin/python3").stdout.strip() == CANN_PYTHON
+        found = on_node(server, f"python -c '{VERSIONS}' numpy torch torch_npu").stdout.split()
+        assert found[:2] == ["1.24.0", f"{CANN_SITE}/numpy/__init__.py"], found
+        assert found[2:4] == ["2.13.0+cpu", "/opt/venv/lib/python3.11/site-packages/torch/__init__.py"], found
+        assert found[4:] == ["2.13.0", "/opt/venv/lib/python3.11/site-packages/torch_npu/__init__.py"], found
+        assert on_node(server, "ls /opt/venv/lib/python3.11/site-packages | grep -ci '^numpy' || true").stdout == "0\n"
         # No whole-inventory rank table in every shell: each job sets its own.
         assert on_node(server, 'echo "${RANK_TABLE_FILE:-unset}"').stdout.strip() == "unset"
 
@@ -618,7 +663,7 @@ def test_ascend_ranks_on_both_servers_import_torch_npu(ascend_cluster: PlaybookR
 def test_ascend_job_on_one_node_trains_on_cpu_when_asked_with_its_own_rank_table(
     ascend_cluster: PlaybookResult,
 ) -> None:
-    # torchrun with torch only in the base image's interpreter (python -m torch.distributed.run).
+    # torchrun from the venv's torch (python -m torch.distributed.run), on the CANN base's own Python.
     job = job_id("npu-cpu")
     result = train(job, SIM_ASCEND, nodes=1, launcher="torchrun", device="cpu", script_args=QUICK)
     assert result.rc == 0, result.stdout[-5000:]
@@ -636,8 +681,9 @@ def test_ascend_gate_reports_cann_and_the_driver_and_names_a_server_whose_driver
     result = run_playbook("check.yml", extravars={"job_id": job, "nodes": 2, "device": "cpu"}, inventory=SIM_ASCEND)
     assert result.rc == 0, result.stdout[-5000:]
     report = json.loads((RUNS / job / "health.json").read_text())["reports"][1]
-    assert report["versions"]["cann"] == "8.0.0" and report["versions"]["npu_driver"] == "23.0.0"
-    assert report["versions"]["torch_npu"] == "2.1.0.post-ddp-sim"
+    # CANN's version from the toolkit's <arch>-linux/ascend_toolkit_install.info, as the CANN 8 package lays it out.
+    assert report["versions"]["cann"] == "8.2.RC1" and report["versions"]["npu_driver"] == "23.0.0"
+    assert report["versions"]["torch_npu"] == "2.13.0"
     # The driver is the server's, mounted into its node: one server upgraded alone is named.
     info = "/usr/local/Ascend/driver/version.info"
     on_server("sim-server1", f"sed -i.orig 's/^Version=23.0.0$/Version=24.1.0/' {info}")
@@ -701,13 +747,25 @@ def test_ascend_requirements_that_would_shadow_the_base_numpy_are_refused(
     ascend_cluster: PlaybookResult, tmp_path: Path
 ) -> None:
     requirements = tmp_path / "requirements.txt"
-    requirements.write_text("numpy==2.4.6\nPyYAML==6.0.3\n")
+    requirements.write_text("torch==2.13.0\ntorch-npu==2.13.0\nnumpy==2.4.6\nPyYAML>=6\n")
     result = run_playbook(
         "site.yml",
         {"training_image_requirements": str(requirements)},
         inventory=SIM_ASCEND,
         cmdline="--tags training_image_base",
     )
+    flat = " ".join(result.stdout.split())
     assert result.rc != 0
-    assert "pins numpy==2.4.6, which the base image" in result.stdout and "ships as numpy==1.26.4" in result.stdout
-    assert "Nothing was built" in result.stdout
+    assert (
+        f"training_image_requirements ({requirements}) line 3 asks for numpy==2.4.6, but the base image has numpy "
+        f"1.24.0 in {CANN_SITE}: remove the line or make it numpy==1.24.0" in flat
+    ), flat[-3000:]
+    assert "Nothing was built" in flat
+
+
+def test_ascend_two_nodes_train_on_the_cann_base(ascend_cluster: PlaybookResult) -> None:
+    job = job_id("npu-2")
+    result = train(job, SIM_ASCEND, nodes=2, device="cpu", script_args=QUICK)
+    assert result.rc == 0, result.stdout[-5000:]
+    summary = json.loads((RUNS / job / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["accuracy"] >= 0.8

@@ -90,6 +90,16 @@ def _read_value(path: Path, key: str) -> str | None:
     return None
 
 
+def cann_version(toolkit: str, machine: str = "") -> str | None:
+    """CANN's version from the toolkit's install info: in ``<arch>-linux/`` under the toolkit (the layout of
+    the CANN 8 toolkit package, as Ascend's images install it), or at its top (older layouts)."""
+    for directory in (Path(toolkit) / f"{machine or platform.machine()}-linux", Path(toolkit)):
+        found = _read_value(directory / CANN_INFO[0], CANN_INFO[1])
+        if found is not None:
+            return found
+    return None
+
+
 def _command_first_line(argv: Sequence[str]) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
@@ -133,8 +143,7 @@ def versions(placement: Placement) -> dict[str, str | None]:
         found["gpu_driver"] = _command_first_line(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
         )
-    toolkit = os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest"
-    cann = _read_value(Path(toolkit) / CANN_INFO[0], CANN_INFO[1])
+    cann = cann_version(os.environ.get("ASCEND_TOOLKIT_HOME") or "/usr/local/Ascend/ascend-toolkit/latest")
     if cann is not None:
         found["cann"] = cann
     driver = _read_value(NPU_DRIVER_INFO, "Version=")

@@ -4,6 +4,10 @@ Like the real package it fails to import when the driver's libraries are not on 
 dlopens libascend_hal.so and fails with this message), and it registers ``torch.npu``; the device count comes
 from the /dev/davinciN nodes the container was given, narrowed by ASCEND_RT_VISIBLE_DEVICES. It has no kernels:
 tensors cannot move to an "npu" device, so jobs on the simulated servers train on cpu, asked explicitly.
+
+Installed from its wheel (sim/cann/make-torch-npu-wheel.py), it is also torch's autoloaded device backend, as the
+real one is (entry point group ``torch.backends``): ``import torch`` imports it, and fails when it fails
+(TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off).
 """
 
 from __future__ import annotations
@@ -12,7 +16,15 @@ import glob
 import os
 import types
 
-__version__ = "2.1.0.post-ddp-sim"
+# As the real package: autoloading switched off while torch imports (torch's autoload of this package, through
+# its torch.backends entry point, would otherwise import it again half-way), restored by _autoload below.
+ORG_AUTOLOAD = os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+import torch  # noqa: E402
+
+from torch_npu.version import __version__  # noqa: E402,F401
+
 _DRIVER_LIBRARY = "libascend_hal.so"
 
 
@@ -23,10 +35,9 @@ def _library_on_path(name: str) -> str | None:
     return None
 
 
+# The real package's libraries link the driver's: its import fails here, after torch's.
 if _library_on_path(_DRIVER_LIBRARY) is None:
     raise ImportError(f"{_DRIVER_LIBRARY}: cannot open shared object file: No such file or directory")
-
-import torch  # noqa: E402  (after the driver check, as the real package loads its libraries first)
 
 
 def _write_plog() -> None:
@@ -72,3 +83,13 @@ torch.npu = npu  # type: ignore[attr-defined]
 library_path = _library_on_path(_DRIVER_LIBRARY)
 
 from torch_npu import distributed  # noqa: E402,F401  (registers parallel://, as the real package does)
+
+
+def _autoload() -> None:
+    """torch's entry point (group torch.backends) for this package: `import torch` imports torch_npu, which is
+    all the work; like the real one it only restores the autoload switch that subprocesses inherit."""
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD
+
+
+# As the real package: when `import torch_npu` comes first, torch skipped the autoload, so restore it here.
+_autoload()
