@@ -65,6 +65,7 @@ def test_the_probe_reads_its_own_interpreter_and_the_kept_closure() -> None:
 
     assert base.kept["torch"].version == torch.__version__ and base.kept["numpy"].version == numpy.__version__
     # torch's own requirements that are installed come along (filelock is one of torch's on every release).
+    assert "pip" not in base.kept and "setuptools" not in base.kept  # the venv's own
     assert "filelock" in base.kept and all(
         not line.endswith('extra == "opt-einsum"') for line in base.kept["torch"].requires
     )

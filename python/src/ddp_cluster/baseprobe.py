@@ -3,7 +3,8 @@
 
 It reports the interpreter (version, path) and, for torch, torch_npu and numpy, every distribution of the
 closure of their requirements that is installed (name, version, requirements, where it lives): what the node
-image keeps as it is. Extras' requirements are left out (they are not installed by the package itself).
+image keeps as it is. Extras' requirements are left out (they are not installed by the package itself), and so
+are pip, setuptools and wheel, which the node's venv has of its own.
 
 It runs in whatever Python a vendor's image has, so it uses the standard library only and the syntax of
 Python 3.6; an interpreter older than 3.8 reports its version alone (the image is refused for it anyway).
@@ -15,6 +16,8 @@ import sys
 from typing import Any, Dict, List  # noqa: F401 (List: type comments)
 
 ROOTS = ("torch", "torch_npu", "numpy")
+# Every venv has its own (ensurepip puts pip and, before Python 3.12, setuptools in it): not the base's.
+VENV_TOOLS = ("pip", "setuptools", "wheel")
 PREFIX = "python_json: "
 
 
@@ -46,7 +49,7 @@ def closure() -> Dict[str, Any]:
     todo = [canonical(name) for name in ROOTS]
     while todo:
         key = todo.pop(0)
-        if key in found or key not in installed:
+        if key in found or key not in installed or key in VENV_TOOLS:
             continue
         dist = installed[key]
         requires = [line for line in (dist.requires or []) if unconditional(line)]  # type: List[str]
