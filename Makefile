@@ -52,11 +52,11 @@ docker:
 	@scripts/ensure-docker.sh
 
 # debootstrap only builds the project's own base images (ddp-cluster/base:*), and only when the engine lacks one;
-# other bases are pulled.
+# any other base is the user's: the image stage uses it as found, pulls it, or stops naming it.
 PROJECT_BASE := $(filter ddp-cluster/base:%,$(BASE_IMAGE))
 base-image: docker
 	@$(if $(PROJECT_BASE),docker image inspect '$(BASE_IMAGE)' >/dev/null 2>&1 || scripts/install-tool.sh debootstrap)
-	@scripts/build-base-image.sh $(BASE_IMAGE)
+	@$(if $(PROJECT_BASE),scripts/build-base-image.sh $(BASE_IMAGE),echo "base image $(BASE_IMAGE): yours, used as found or pulled by the image stage")
 
 # Docker's Distribution registry, which the image stage runs on the controller's loopback when servers are remote
 # and name no registry of their own (the sim, a real cluster; not the local inventory). On dnf systems the

@@ -2,7 +2,9 @@
 # Install what a node runs with (sshd, ssh, mpirun, a Python that makes venvs, ip/ss, pkill) with the base image's
 # own package manager (apt-get, dnf or yum), only what the base lacks, plus the packages named as arguments
 # (training_image_os_packages). A base that has them all needs no package manager at all. No host key stays.
-# DDP_PACKAGE_MANAGER forces one (tests); DDP_DRY_RUN=1 prints the install command instead of running it.
+# DDP_PACKAGE_MANAGER forces one (tests); DDP_DRY_RUN=1 prints the install command instead of running it;
+# DDP_REPORT=1 only says what the image has (`manager: M`, `tool: T`, `missing: T` lines: the image stage's probe
+# of a base image runs this script so, before any build).
 set -eu
 
 say() { echo "ddp-install-os-packages: $*" >&2; }
@@ -20,6 +22,15 @@ if [ -z "$manager" ]; then
   for candidate in apt-get dnf yum; do
     if command -v "$candidate" >/dev/null 2>&1; then manager=$candidate; break; fi
   done
+fi
+
+if [ "${DDP_REPORT:-0}" = 1 ]; then
+  [ -z "$manager" ] || echo "manager: $manager"
+  for tool in sshd ssh mpirun ip ss pkill; do
+    if have "$tool"; then echo "tool: $tool"; else echo "missing: $tool"; fi
+  done
+  if python_ok; then echo "tool: python3"; else echo "missing: python3"; fi
+  exit 0
 fi
 
 # The package that brings a tool, per manager family.

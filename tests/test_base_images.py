@@ -14,7 +14,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,12 +43,11 @@ def image_exists(name: str) -> bool:
     return docker("image", "inspect", name, check=False).returncode == 0
 
 
-def bcrypt(password: str) -> str:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import crypt  # libxcrypt's bcrypt, which the registry's htpasswd needs
+def bcrypt_hash(password: str) -> str:
+    """The bcrypt hash the registry's htpasswd file takes."""
+    import bcrypt
 
-        return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
 
 
 @contextmanager
@@ -60,7 +58,7 @@ def registry(workdir: Path, user: str = "") -> Iterator[str]:
     auth = ""
     if user:
         name, _, password = user.partition(":")
-        (workdir / "htpasswd").write_text(f"{name}:{bcrypt(password)}\n")
+        (workdir / "htpasswd").write_text(f"{name}:{bcrypt_hash(password)}\n")
         auth = f"auth:\n  htpasswd:\n    realm: ddp-test\n    path: {workdir}/htpasswd\n"
     (workdir / "config.yml").write_text(
         f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {workdir}/storage\n"

@@ -10,6 +10,7 @@ tags one. In check mode it only says that it would pull.
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
@@ -43,7 +44,7 @@ class Layers:
 
     def read(self, line: str) -> None:
         layer, sep, status = line.partition(": ")
-        if not sep or " " in layer or len(layer) < 8:
+        if not sep or not re.fullmatch(r"[0-9a-f]{12}", layer):  # a layer's short id; not "TAG: Pulling from"
             return
         self.seen.add(layer)
         if status in ("Download complete", "Verifying Checksum", "Extracting", "Pull complete", "Already exists"):
@@ -79,13 +80,14 @@ class ActionModule(ActionBase):
         layers = Layers()
         said: list[str] = []
         timed_out = False
-        env = {**os.environ, "NO_COLOR": "1"}
+        # The engine the build uses (DOCKER_HOST, else the default socket), not another docker context's.
+        env = {**os.environ, "NO_COLOR": "1"} | ({} if os.environ.get("DOCKER_HOST") else {"DOCKER_CONTEXT": "default"})
         with subprocess.Popen(
-            ["docker", "pull", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            ["docker", "pull", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
         ) as pull:
             assert pull.stdout is not None
-            shown = started
-            while True:
+            shown, pending, ended = started, b"", False
+            while not ended:
                 now = time.monotonic()
                 if now >= deadline:
                     timed_out = True
@@ -95,14 +97,16 @@ class ActionModule(ActionBase):
                     except subprocess.TimeoutExpired:
                         pull.kill()
                     break
+                # Raw reads, never a blocking readline: a line written in halves cannot hold the loop past the bound.
                 ready, _, _ = select.select([pull.stdout], [], [], min(1.0, deadline - now))
                 if ready:
-                    line = pull.stdout.readline()
-                    if not line:
-                        break
-                    line = line.strip()
-                    said = [*said[-20:], line]
-                    layers.read(line)
+                    chunk = os.read(pull.stdout.fileno(), 65536)
+                    ended = not chunk
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for raw in lines + ([pending] if ended and pending else []):
+                        line = raw.decode(errors="replace").strip()
+                        said = [*said[-20:], line]
+                        layers.read(line)
                 if time.monotonic() - shown >= every:
                     shown = time.monotonic()
                     display.display(f"base image {name}: {layers.describe()}, {shown - started:.0f} s")

@@ -29,7 +29,7 @@ def ddp_base_image(probe: Any, image: str, python_override: str = "") -> dict[st
 
 def ddp_base_problems(
     probe: Any, image: str, requirements_text: str, requirements_path: str, pyproject_text: str,
-    python_override: str = "", imported: bool = False,
+    python_override: str = "", imported: Any = False, os_packages: Any = (),
 ) -> list[str]:  # fmt: skip
     """Every reason the node image cannot be built on the base image, each a sentence; [] when none."""
     base = baseimage.read_probe(str(image), str(probe or ""))
@@ -39,7 +39,8 @@ def ddp_base_problems(
         requirements_path=str(requirements_path),
         minimum=baseimage.minimum_python(str(pyproject_text)),
         python_version=baseimage.python_version(base, str(python_override or "")),
-        imported=bool(imported),
+        imported=str(imported).lower() == "true",
+        os_packages=[str(name) for name in os_packages or []],
     )
 
 

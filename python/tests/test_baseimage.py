@@ -89,43 +89,56 @@ def test_a_requirement_the_base_satisfies_or_a_marker_excludes_is_not_a_conflict
     assert len(conflicts(ngc_like(), text, "3.10")) == 1
 
 
+def check(base: Base, python_version: str = "3.11", requirements: str = "", **extra: object) -> list[str]:
+    return problems(
+        base, requirements_text=requirements, requirements_path="r.txt", minimum="3.10",
+        python_version=python_version, **extra,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
 def test_problems_name_old_python_missing_tools_and_conflicts() -> None:
-    old = read_probe("ddp-cluster/base:bullseye", "manager: apt-get\ncodename: bullseye\n")
-    (said,) = problems(
-        old, requirements_text="", requirements_path="r.txt", minimum="3.10", python_version="3.9"
-    )
+    old = read_probe("ddp-cluster/base:bullseye", "manager: apt-get\ncodename: bullseye\nmissing: python3\n")
+    (said,) = check(old, python_version="3.9")
     assert said.startswith(
-        "the base image ddp-cluster/base:bullseye has Python 3.9 (bullseye's python3), older than the 3.10"
+        "the base image ddp-cluster/base:bullseye has Python 3.9 (bullseye's python3), older"
     )
-    bare = read_probe("mine:1", probe_text({}, manager="") + "tool: python3\ntool: sshd\n")
-    (said,) = problems(
-        bare, requirements_text="", requirements_path="r.txt", minimum="3.10", python_version="3.11"
+    assert "than the 3.10 the ddp_cluster package needs" in said
+    bare = read_probe(
+        "mine:1", probe_text({}, manager="") + "tool: python3\ntool: sshd\nmissing: ssh\nmissing: ss\n"
     )
+    (said,) = check(bare)
+    assert "has no package manager (apt-get, dnf, yum) to install ssh, ss with: add them" in said
+    complete = read_probe("mine:2", probe_text({}, manager="") + "tool: sshd\ntool: mpirun\n")
+    assert check(complete) == []
+    (said,) = check(complete, os_packages=["htop"])
+    assert said.startswith(
+        "training_image_os_packages asks for htop, but the base image mine:2 has no package"
+    )
+    (said,) = check(ngc_like(), requirements="torch==2.13.0\n")
+    assert said.startswith("training_image_requirements (r.txt) line 1 asks for torch==2.13.0")
+    assert "never installs over" in said
+
+
+def test_a_python_version_setting_other_than_the_bases_and_a_probe_error_are_refused() -> None:
+    (said,) = check(ngc_like(), python_version="3.10")
+    assert said.startswith("training_image_python_version is 3.10, but the base image nvcr.io/nvidia/pytorch")
+    assert "runs Python 3.11.2 (/usr/bin/python3)" in said
+    broken = read_probe("mine:3", probe_text({}) + "probe_error: SyntaxError: invalid syntax\n")
+    (said,) = check(broken)
+    assert said.endswith("could not say what it has: SyntaxError: invalid syntax")
+
+
+def test_the_debian_an_earlier_version_imported_under_a_users_name_is_named() -> None:
+    leftover = read_probe(
+        "ascendai/cann:8.2", "manager: apt-get\ncodename: bookworm\nos: Debian GNU/Linux 12\n"
+    )
+    (said,) = check(leftover, imported=True)
+    assert "docker rmi ascendai/cann:8.2" in said
     assert (
-        "has no package manager (apt-get, dnf, yum) to install ssh, mpirun, ip, ss, pkill with: add them"
-        in said
-    )
-    complete = read_probe(
-        "mine:2",
-        probe_text({}, manager="")
-        + "".join(f"tool: {t}\n" for t in ("sshd", "ssh", "mpirun", "ip", "ss", "pkill", "python3")),
-    )
-    assert (
-        problems(
-            complete, requirements_text="", requirements_path="r.txt", minimum="3.10", python_version="3.11"
+        check(
+            read_probe("ddp-cluster/base:bookworm", "manager: apt-get\ncodename: bookworm\n"), imported=True
         )
         == []
-    )
-    (said,) = problems(
-        ngc_like(),
-        requirements_text="torch==2.13.0\n",
-        requirements_path="r.txt",
-        minimum="3.10",
-        python_version="3.11",
-    )
-    assert (
-        said.startswith("training_image_requirements (r.txt) line 1 asks for torch==2.13.0")
-        and "never installs over" in said
     )
 
 
@@ -209,6 +222,49 @@ def test_no_torch_anywhere_is_refused(tmp_path: Path) -> None:
             platforms=["any"],
             pip_args=offline(index),
         )
+
+
+def test_a_placeholder_wins_over_a_real_wheel_of_the_same_version_and_tag(tmp_path: Path) -> None:
+    index, dest = tmp_path / "index", tmp_path / "wheelhouse"
+    index.mkdir(), dest.mkdir()
+    tag = best_tag("3.11", ["manylinux_2_36_x86_64"])
+    # The "real" wheel: the same name, version and tag, no build tag, and a requirement nothing can satisfy.
+    real = placeholder_wheel(Package("numpy", "1.24.0", ("no-such-package",)), index, tag)
+    real.rename(index / f"numpy-1.24.0-{tag}.whl")
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("numpy>=1.24\n")
+    base = Base(
+        image="cann",
+        python="3.11.2",
+        kept={
+            "numpy": Package("numpy", "1.24.0"),
+            "torch": ngc_like().kept["torch"],
+            "filelock": ngc_like().kept["filelock"],
+        },
+    )
+    wheels = make_wheelhouse(
+        base, requirements=requirements, dest=dest, python_version="3.11",
+        platforms=["manylinux_2_36_x86_64"], pip_args=offline(index),
+    )  # fmt: skip
+    assert wheels == []
+
+
+def test_placeholder_names_and_versions_are_normalised_and_bad_versions_refused(tmp_path: Path) -> None:
+    wheel = placeholder_wheel(Package("Zope.Interface", "1.0-1"), tmp_path, "py3-none-any")
+    assert wheel.name == "zope_interface-1.0.post1-99999ddp-py3-none-any.whl"
+    with pytest.raises(BaseImageError, match="a version pip cannot compare"):
+        placeholder_wheel(Package("odd", "2024.x.y"), tmp_path, "py3-none-any")
+
+
+def test_the_bases_own_pip_constraints_join_the_kept_pins() -> None:
+    base = read_probe(
+        "ngc",
+        "manager: apt-get\n"
+        + baseprobe.PREFIX
+        + json.dumps({"python": "3.11.2", "packages": {"numpy": {"name": "numpy", "version": "1.24.0"}},
+                      "pip_constraints": ["numpy==1.24.0", "PyYAML==6.0.1"]}),
+    )  # fmt: skip
+    assert base.constraints() == ["numpy==1.24.0", "PyYAML==6.0.1"]
 
 
 def test_registry_and_pull_failures_are_said_for_the_user() -> None:

@@ -33,12 +33,11 @@ import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ddp_cluster.baseprobe import PREFIX, canonical
+from ddp_cluster.baseprobe import PREFIX, canonical, requirement_name
 
-# The commands the node image runs with; a base without a package manager must bring them itself.
-NEEDED_TOOLS = ("sshd", "ssh", "mpirun", "ip", "ss", "pkill", "python3")
-# Package managers the image build knows, in the order it tries them.
+# Package managers the image build knows (docker/install-os-packages.sh), in the order it tries them.
 MANAGERS = ("apt-get", "dnf", "yum")
 # The project's own base images: the only ones ever built here (debootstrap), never pulled.
 PROJECT_BASE = "ddp-cluster/base:"
@@ -74,20 +73,28 @@ class Base:
     python: str = ""  # X.Y.Z of the python3 on the image's PATH, '' when it has none
     executable: str = ""
     tools: frozenset[str] = frozenset()
+    # What the node needs and the base lacks (sshd, ssh, mpirun, ip, ss, pkill, a python3 that makes
+    # venvs), as docker/install-os-packages.sh reports it.
+    missing: tuple[str, ...] = ()
     kept: Mapping[str, Package] = field(default_factory=dict)  # canonical name -> what the base has
+    # The base's own pip constraints (NGC's PIP_CONSTRAINT file), which its pip applies inside the build too.
+    pip_constraints: tuple[str, ...] = ()
+    probe_error: str = ""
 
     @property
     def python_minor(self) -> str:
         return ".".join(self.python.split(".")[:2])
 
     def constraints(self) -> list[str]:
-        return [package.pin for _, package in sorted(self.kept.items())]
+        """The kept packages' pins, then the base's own pip constraints on anything else."""
+        kept = [package.pin for _, package in sorted(self.kept.items())]
+        return kept + [line for line in self.pip_constraints if requirement_name(line) not in self.kept]
 
 
 def read_probe(image: str, text: str) -> Base:
     """The role's probe output as a :class:`Base` (unknown lines ignored; no python_json line: no Python)."""
     lines: dict[str, list[str]] = {}
-    report: dict[str, object] = {}
+    report: dict[str, Any] = {}
     for line in text.splitlines():
         if line.startswith(PREFIX):
             report = json.loads(line[len(PREFIX) :])
@@ -117,7 +124,10 @@ def read_probe(image: str, text: str) -> Base:
         python=str(report.get("python", "")),
         executable=str(report.get("executable", "")),
         tools=frozenset(lines.get("tool", [])),
+        missing=tuple(lines.get("missing", [])),
         kept=kept,
+        pip_constraints=tuple(str(line) for line in report.get("pip_constraints") or []),
+        probe_error=first.get("probe_error", ""),
     )
 
 
@@ -199,24 +209,31 @@ def problems(
     minimum: str,
     python_version: str,
     imported: bool = False,
+    os_packages: Sequence[str] = (),
 ) -> list[str]:
     """Every reason the node image cannot be built on this base, each a sentence that says what to do; [] if
-    none. python_version: the X.Y the image will run (the base's python3, else its package manager's);
-    imported: the image was made by ``docker import`` (no build history)."""
+    none. python_version: the X.Y the wheelhouse is for (the setting, else the base's python3, else its
+    distribution's); imported: the image was made by ``docker import`` with ``CMD ["/bin/bash"]``, as earlier
+    versions made Debian; os_packages: training_image_os_packages."""
     found = []
     if (
         imported
         and not base.image.startswith(PROJECT_BASE)
         and not base.python
-        and "debian" in base.os.lower()
+        and base.codename == "bookworm"
     ):
         # What earlier versions did when a user's base could not be pulled: Debian under the user's name.
-        found.append(
+        return [
             f"the base image {base.image} on this engine is a plain {base.os} without Python made by docker "
             "import, most likely by an earlier ddp-cluster that could not pull your image and built Debian "
-            f"under its name: remove it (docker rmi {base.image}) and run again, so that yours is pulled"
+            f"under its name: remove it (docker rmi {base.image}) and run again, so that yours is pulled "
+            "(for the plain Debian base, name ddp-cluster/base:bookworm)"
+        ]
+    if base.probe_error:
+        found.append(
+            f"the base image {base.image}'s python3 ({base.executable or 'on its PATH'}) could not say what "
+            f"it has: {base.probe_error}"
         )
-        return found
     if not python_version:
         found.append(
             f"cannot tell which Python the base image {base.image} will have: it has no python3 and its "
@@ -224,21 +241,28 @@ def problems(
             "training_image_python_version"
         )
     elif version_tuple(python_version) < version_tuple(minimum):
-        source = (
-            f"its python3 ({base.executable})" if base.python else f"{base.codename or base.os}'s python3"
-        )
+        source = f"its python3, {base.executable}" if base.python else f"{base.codename or base.os}'s python3"
         found.append(
             f"the base image {base.image} has Python {base.python or python_version} ({source}), older than "
             f"the {minimum} the ddp_cluster package needs: use a base with Python {minimum} or newer "
             "(Ascend's CANN images ship 3.10 or 3.11 under /usr/local/python3.x)"
         )
-    missing = [tool for tool in NEEDED_TOOLS if tool not in base.tools]
-    if not base.manager and missing:
+    elif base.python and base.python_minor != python_version:
+        found.append(
+            f"training_image_python_version is {python_version}, but the base image {base.image} runs Python "
+            f"{base.python} ({base.executable}), which the node's venv is made with: leave the setting empty"
+        )
+    if not base.manager and base.missing:
         found.append(
             f"the base image {base.image} has no package manager ({', '.join(MANAGERS)}) to install "
-            f"{', '.join(missing)} with: add them to it yourself (one RUN line of your own Dockerfile FROM "
-            "it, for example openssh-server, openssh-clients and openmpi), or use a base that has apt-get, "
-            "dnf or yum"
+            f"{', '.join(base.missing)} with: add them to it yourself (one RUN line of your own Dockerfile "
+            "FROM it, for example openssh-server, openssh-clients and openmpi), or use a base that has "
+            "apt-get, dnf or yum"
+        )
+    if not base.manager and os_packages:
+        found.append(
+            f"training_image_os_packages asks for {', '.join(os_packages)}, but the base image {base.image} "
+            "has no package manager (apt-get, dnf, yum) to install them with: add them to the image yourself"
         )
     for line in conflicts(base, requirements_text, python_version or base.python_minor):
         found.append(f"training_image_requirements ({requirements_path}) {line}; {KEEP}")
@@ -251,8 +275,16 @@ def _record_hash(data: bytes) -> str:
 
 def placeholder_wheel(package: Package, directory: Path, tag: str) -> Path:
     """A metadata-only wheel of package's exact version and requirements, tagged ``tag``."""
-    stem = re.sub(r"[^\w\d.]+", "_", package.name)
-    version = package.version.replace("-", "_")
+    from packaging.version import InvalidVersion, Version
+
+    stem = re.sub(r"[-_.]+", "_", package.name).lower()
+    try:
+        version = str(Version(package.version))
+    except InvalidVersion as error:
+        raise BaseImageError(
+            f"the base image has {package.name} {package.version}, a version pip cannot compare (PEP 440), "
+            "so it cannot be kept as a constraint: install that package in a proper version in the base image"
+        ) from error
     dist_info = f"{stem}-{version}.dist-info"
     files = {
         f"{dist_info}/METADATA": "".join(

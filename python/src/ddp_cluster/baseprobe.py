@@ -11,9 +11,10 @@ Python 3.6; an interpreter older than 3.8 reports its version alone (the image i
 """
 
 import json
+import os
 import re
 import sys
-from typing import Any, Dict, List  # noqa: F401 (List: type comments)
+from typing import Any, Dict, List
 
 ROOTS = ("torch", "torch_npu", "numpy")
 # Every venv has its own (ensurepip puts pip and, before Python 3.12, setuptools in it): not the base's.
@@ -63,6 +64,19 @@ def closure() -> Dict[str, Any]:
     return found
 
 
+def pip_constraints() -> List[str]:
+    """The pins of the files PIP_CONSTRAINT names (NGC's /etc/pip/constraint.txt), which the base's pip
+    applies to every install, in the node image's build too."""
+    found = []  # type: List[str]
+    for path in os.environ.get("PIP_CONSTRAINT", "").split():
+        try:
+            with open(path) as lines:
+                found.extend(line.split("#")[0].strip() for line in lines)
+        except OSError:
+            continue
+    return [line for line in found if line and not line.startswith("-")]
+
+
 def main() -> None:
     report = {
         "python": "%d.%d.%d" % tuple(sys.version_info[:3]),
@@ -71,6 +85,7 @@ def main() -> None:
     }  # type: Dict[str, Any]
     if sys.version_info >= (3, 8):
         report["packages"] = closure()
+    report["pip_constraints"] = pip_constraints()
     print(PREFIX + json.dumps(report, sort_keys=True))
 
 
