@@ -89,9 +89,11 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     _signature(
         "import-torch",
-        r"(?:ModuleNotFoundError|ImportError): .*?\b(?P<module>torch_npu|torch)\b",
+        # torch_npu 2.5.1 on registers for torch's autoload: where it cannot load, `import torch` fails.
+        r"(?:(?:ModuleNotFoundError|ImportError): .*?|Failed to load the backend extension: )"
+        r"\b(?P<module>torch_npu|torch)\b",
         "{module} does not import on the node",
-        "torch_npu: use a CANN base image that has it (cluster_base_image) and check that the driver's "
+        "torch_npu: install it with torch as a pair (training_image_requirements); check that the driver's "
         "libraries "
         "(libascend_hal.so) are mounted and on LD_LIBRARY_PATH; torch: check docker/requirements.txt and "
         "rebuild "

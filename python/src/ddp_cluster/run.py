@@ -30,6 +30,9 @@ def export_torchrun_variables() -> dict[str, str]:
     return variables
 
 
+TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+
 def check_job_device() -> None:
     """When the job names its device (DDP_DEVICE, exported by train.yml), check that this rank can use it
     before the script runs: a rank that cannot fails naming its node, its rank and the reason, instead of
@@ -38,7 +41,18 @@ def check_job_device() -> None:
     device = environ.get("DDP_DEVICE", "").strip()
     if device in ("", "cpu", "auto"):
         return
-    from ddp_cluster.device import require_device, where  # torch is needed from here on
+    # torch_npu 2.5.1 and later registers itself for torch's backend autoload: where it cannot load (a driver
+    # library missing), `import torch` itself fails without a word of why. torch is imported here without the
+    # autoload; the device check imports torch_npu itself and names what stops it.
+    autoload = environ.get(TORCH_AUTOLOAD)
+    environ[TORCH_AUTOLOAD] = "0"
+    try:
+        from ddp_cluster.device import require_device, where  # torch is needed from here on
+    finally:
+        if autoload is None:
+            del environ[TORCH_AUTOLOAD]
+        else:
+            environ[TORCH_AUTOLOAD] = autoload
 
     env = resolve_dist_env()
     try:
