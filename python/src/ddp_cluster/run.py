@@ -41,24 +41,29 @@ def check_job_device() -> None:
     device = environ.get("DDP_DEVICE", "").strip()
     if device in ("", "cpu", "auto"):
         return
-    # torch_npu 2.5.1 and later registers itself for torch's backend autoload: where it cannot load (a driver
-    # library missing), `import torch` itself fails without a word of why. torch is imported here without the
-    # autoload; the device check imports torch_npu itself and names what stops it.
+    # torch_npu 2.5.1 and later registers itself for torch's backend autoload: where it cannot load (a
+    # driver library missing), `import torch` itself fails without a word of why. On npu, torch is imported
+    # here without the autoload and the device check imports torch_npu itself, naming what stops it; the
+    # setting is put back after that import (torch_npu's own import turns it off and only its autoload hook
+    # turns it on again), so the script and the processes it starts see the value the rank was given.
     autoload = environ.get(TORCH_AUTOLOAD)
-    environ[TORCH_AUTOLOAD] = "0"
+    if device == "npu":
+        environ[TORCH_AUTOLOAD] = "0"
     try:
         from ddp_cluster.device import require_device, where  # torch is needed from here on
+
+        env = resolve_dist_env()
+        try:
+            require_device(device, env)
+        except DdpClusterError as error:
+            raise DeviceError(
+                f"{where(env)}: the job's device is {device} (DDP_DEVICE) but {error}"
+            ) from error
     finally:
         if autoload is None:
-            del environ[TORCH_AUTOLOAD]
+            environ.pop(TORCH_AUTOLOAD, None)
         else:
             environ[TORCH_AUTOLOAD] = autoload
-
-    env = resolve_dist_env()
-    try:
-        require_device(device, env)
-    except DdpClusterError as error:
-        raise DeviceError(f"{where(env)}: the job's device is {device} (DDP_DEVICE) but {error}") from error
 
 
 def main(argv: Sequence[str] | None = None) -> int:
