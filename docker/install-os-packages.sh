@@ -8,14 +8,19 @@
 set -eu
 
 say() { echo "ddp-install-os-packages: $*" >&2; }
-have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/lib64/openmpi/bin/$1" ]; }
-python_ok() { python3 -c 'import ensurepip, venv' >/dev/null 2>&1; }
-
+# What a node runs with; python3 must make venvs (ensurepip and venv).
+NEEDED="sshd ssh mpirun ip ss pkill python3"
+has() {
+  if [ "$1" = python3 ]; then
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1
+  else
+    command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/lib64/openmpi/bin/$1" ]
+  fi
+}
 missing=""
-for tool in sshd ssh mpirun ip ss pkill; do
-  have "$tool" || missing="$missing $tool"
+for tool in $NEEDED; do
+  has "$tool" || missing="$missing $tool"
 done
-python_ok || missing="$missing python3"
 
 manager=${DDP_PACKAGE_MANAGER:-}
 if [ -z "$manager" ]; then
@@ -26,10 +31,9 @@ fi
 
 if [ "${DDP_REPORT:-0}" = 1 ]; then
   [ -z "$manager" ] || echo "manager: $manager"
-  for tool in sshd ssh mpirun ip ss pkill; do
-    if have "$tool"; then echo "tool: $tool"; else echo "missing: $tool"; fi
+  for tool in $NEEDED; do
+    case " $missing " in *" $tool "*) echo "missing: $tool" ;; *) echo "tool: $tool" ;; esac
   done
-  if python_ok; then echo "tool: python3"; else echo "missing: python3"; fi
   exit 0
 fi
 
@@ -80,12 +84,11 @@ else
 fi
 
 still=""
-for tool in sshd ssh mpirun ip ss pkill; do
-  have "$tool" || still="$still $tool"
+for tool in $NEEDED; do
+  has "$tool" || still="$still $tool"
 done
-python_ok || still="$still python3(venv)"
 if [ -n "$still" ]; then
-  say "still missing after the install:$still"
+  say "still missing after the install:$(echo "$still" | sed 's/ python3$/ python3(venv)/')"
   exit 1
 fi
 # A base (or openssh-server's install) may hold host keys: each node makes its own at first start.

@@ -14,15 +14,12 @@ except ImportError:  # a checkout without the package installed: use the sources
 
 
 def ddp_base_image(probe: Any, image: str, python_override: str = "") -> dict[str, Any]:
-    """What the base image is: manager, machine, libc, python (X.Y the image will run), kept (pins)."""
+    """What the wheelhouse depends on: machine, libc, python (X.Y the image will run), kept (pins)."""
     base = baseimage.read_probe(str(image), str(probe or ""))
     return {
-        "manager": base.manager,
         "machine": base.machine or "x86_64",
         "libc": base.libc,
-        "os": base.os,
         "python": baseimage.python_version(base, str(python_override or "")),
-        "executable": base.executable,
         "kept": base.constraints(),
     }
 

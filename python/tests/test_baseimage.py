@@ -46,7 +46,6 @@ def ngc_like() -> Base:
         machine="x86_64",
         python="3.11.2",
         executable="/usr/bin/python3",
-        tools=frozenset({"python3"}),
         kept={
             "torch": Package("torch", NGC_TORCH, ("filelock", 'numpy; extra == "numpy"'), "/usr/local/lib"),
             "filelock": Package("filelock", "3.20.0"),
@@ -57,9 +56,9 @@ def ngc_like() -> Base:
 
 def test_the_probe_reads_its_own_interpreter_and_the_kept_closure() -> None:
     done = subprocess.run([sys.executable, baseprobe.__file__], capture_output=True, text=True, check=True)
-    base = read_probe("here", "manager: apt-get\ntool: sshd\ntool: python3\n" + done.stdout)
+    base = read_probe("here", "manager: apt-get\ntool: sshd\nmissing: mpirun\ntool: python3\n" + done.stdout)
     assert base.python == ".".join(map(str, sys.version_info[:3])) and base.executable == sys.executable
-    assert base.manager == "apt-get" and base.tools == {"sshd", "python3"}
+    assert base.manager == "apt-get" and base.missing == ("mpirun",)
     import numpy
     import torch
 

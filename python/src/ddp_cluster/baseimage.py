@@ -72,7 +72,6 @@ class Base:
     codename: str = ""
     python: str = ""  # X.Y.Z of the python3 on the image's PATH, '' when it has none
     executable: str = ""
-    tools: frozenset[str] = frozenset()
     # What the node needs and the base lacks (sshd, ssh, mpirun, ip, ss, pkill, a python3 that makes
     # venvs), as docker/install-os-packages.sh reports it.
     missing: tuple[str, ...] = ()
@@ -123,7 +122,6 @@ def read_probe(image: str, text: str) -> Base:
         codename=first.get("codename", ""),
         python=str(report.get("python", "")),
         executable=str(report.get("executable", "")),
-        tools=frozenset(lines.get("tool", [])),
         missing=tuple(lines.get("missing", [])),
         kept=kept,
         pip_constraints=tuple(str(line) for line in report.get("pip_constraints") or []),
