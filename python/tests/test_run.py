@@ -200,3 +200,62 @@ def test_cpu_asked_on_purpose_runs_the_script(script: Path, base_environ: dict[s
     env = base_environ | ompi(0, 1, 0, 1) | {"DDP_DEVICE": "cpu"}
     result = run_module([str(script)], env, script.parent.parent)
     assert result.returncode == 0, result.stderr
+
+
+ENDINGS = textwrap.dedent(
+    """
+    import atexit, sys, threading, time
+    from pathlib import Path
+
+    out = Path(sys.argv[1])
+
+    class Finalized:
+        def __del__(self):
+            out.joinpath("finalized").write_text("yes")
+
+    KEPT = Finalized()  # a module global: only the interpreter's finalization would delete it
+    atexit.register(lambda: out.joinpath("atexit").write_text("yes"))
+
+    def late_writer():
+        time.sleep(0.5)
+        out.joinpath("thread").write_text("yes")
+
+    threading.Thread(target=late_writer).start()  # non-daemon: a normal exit waits for it
+    print("script done")
+    how = sys.argv[2]
+    if how == "raise":
+        raise ValueError("the script's own error")
+    if how == "message":
+        sys.exit("stopped: bad input")
+    if how == "code":
+        sys.exit(4)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("how", "status", "stderr_has"),
+    [
+        ("return", 0, ""),
+        ("code", 4, ""),
+        ("message", 1, "stopped: bad input"),
+        ("raise", 1, "ValueError: the script's own error"),
+    ],
+)
+def test_a_script_ends_as_under_python_without_the_interpreters_teardown(
+    tmp_path: Path, base_environ: dict[str, str], how: str, status: int, stderr_has: str
+) -> None:
+    # Under torch 2.13 and gloo a finished rank could die of SIGABRT in the interpreter's finalization (see
+    # ddp_cluster.finish): the script's status, threads, atexit handlers and output are what `python SCRIPT`
+    # gives, but module globals are not torn down.
+    script = tmp_path / "endings.py"
+    script.write_text(ENDINGS)
+    result = run_module([str(script), str(tmp_path), how], base_environ, tmp_path)
+    assert result.returncode == status, result.stderr
+    assert result.stdout == "script done\n"
+    assert stderr_has in result.stderr
+    if how == "raise":
+        assert "Traceback (most recent call last)" in result.stderr
+    assert (tmp_path / "thread").read_text() == "yes"  # the non-daemon thread finished first
+    assert (tmp_path / "atexit").read_text() == "yes"
+    assert not (tmp_path / "finalized").exists()  # no finalization of the interpreter

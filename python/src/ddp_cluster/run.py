@@ -7,6 +7,11 @@ unmodified script that calls ``init_process_group("env://")`` just works. ``-m M
 When ``DDP_DEVICE`` names an accelerator (train.yml exports the cluster's), the rank checks first that it can
 use it and stops naming its node, rank and the reason when it cannot. Under torchrun the variables are
 torchrun's own.
+
+When the script ends (returns, calls ``sys.exit``, or raises: its traceback printed as Python prints it,
+status 1; a KeyboardInterrupt is left to the interpreter), the process ends as ``ddp_cluster.finish`` says:
+other threads waited for, atexit handlers run, streams flushed, then ``os._exit`` with the script's status,
+without the interpreter's finalization that killed a finished rank by SIGABRT under torch 2.13 and gloo.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 
 from ddp_cluster.distenv import resolve_dist_env
 from ddp_cluster.errors import DdpClusterError, DeviceError
+from ddp_cluster.finish import exit_process
 
 USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
@@ -85,16 +91,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DdpClusterError as error:
         print(f"ddp_cluster.run: error: {error}", file=sys.stderr)
         return 2
-    if as_module:
-        sys.argv = [target, *script_args]
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = [target, *script_args]
+    sys.argv = [target, *script_args]
+    if not as_module:
         # As ``python SCRIPT`` does: the script's directory comes first on the import path.
         sys.path.insert(0, str(Path(target).resolve().parent))
-        runpy.run_path(target, run_name="__main__")
+    return run_script(target, as_module)
+
+
+def run_script(target: str, as_module: bool) -> int:
+    """Run the script as ``__main__`` and return the status ``python SCRIPT`` would have exited with."""
+    try:
+        if as_module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as stop:
+        return exit_status(stop.code)
+    except Exception:  # printed as the interpreter prints an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        return 1
     return 0
 
 
+def exit_status(code: object) -> int:
+    """``sys.exit(code)``'s status, as the interpreter computes it: None is 0, an int is itself, anything else
+    is printed to stderr and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_process(main())  # no interpreter finalization after the collectives (see ddp_cluster.finish)
