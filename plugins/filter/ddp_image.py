@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from ddp_cluster import baseimage
+    from ddp_cluster import baseimage, builder
 except ImportError:  # a checkout without the package installed: use the sources next to this plugin
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster import baseimage
+    from ddp_cluster import baseimage, builder
 
 
 def ddp_base_image(probe: Any, image: str, python_override: str = "") -> dict[str, Any]:
@@ -41,6 +41,42 @@ def ddp_base_problems(
     )
 
 
+def ddp_image_builder(
+    setting: Any, controller: Any, servers: Any, local_hosts: Any = (), build_host: Any = "", image_arch: Any = ""
+) -> dict[str, str]:
+    """builder (controller|server), host (the inventory host whose engine builds) and reason; or error, the
+    sentence that says why the setting cannot work. ``controller`` is the registered result of ``docker version``
+    on the controller, ``servers`` maps each remote server to its engine's answer."""
+    answered = isinstance(controller, dict) and controller.get("rc") == 0 and str(controller.get("stdout", "")).strip()
+    reason = ""
+    if not answered:
+        said = controller.get("stderr") or controller.get("msg") if isinstance(controller, dict) else ""
+        reason = " ".join(str(said or "no answer").split())[:300]
+    try:
+        choice = builder.choose(
+            str(setting or "auto"),
+            str(controller["stdout"]).strip() if answered else None,
+            reason,
+            {str(name): str(answer) for name, answer in dict(servers or {}).items()},
+            [str(host) for host in local_hosts or []],
+            str(build_host or ""),
+            str(image_arch or ""),
+        )
+    except builder.BuilderError as error:
+        return {"builder": "", "host": "", "reason": "", "error": str(error)}
+    return {**choice.as_dict(), "error": ""}
+
+
+def ddp_pull_failure(image: Any, output: Any, timed_out: Any, timeout: Any) -> str:
+    """Why a build server's ``docker pull`` of the base image failed, and what to do (as on the controller)."""
+    return baseimage.pull_failure(str(image), str(output or ""), str(timed_out).lower() == "true", int(timeout))
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"ddp_base_image": ddp_base_image, "ddp_base_problems": ddp_base_problems}
+        return {
+            "ddp_base_image": ddp_base_image,
+            "ddp_base_problems": ddp_base_problems,
+            "ddp_image_builder": ddp_image_builder,
+            "ddp_pull_failure": ddp_pull_failure,
+        }

@@ -20,6 +20,16 @@ description:
     must be logged in) and each server pulls from it directly, over the same ssh command without a tunnel.
   - Every server gets the image under its local name C(image) (the registry's name is removed again), so the
     containers stage needs nothing else.
+  - With C(source) (a server build, cluster_image_builder), the image is on that server's engine, not the
+    controller's, and nothing of it crosses the controller's link. Over one ssh session to the source, which
+    lives as long as the call: Distribution registry on the source's 127.0.0.1:C(port) (storage under C(storage)
+    there, kept between runs), the push into it, and an ephemeral ed25519 key (made on the controller for this call)
+    authorized there for nothing but a forward to that port (C(restrict,port-forwarding,permitopen)). Each server
+    lacking the image receives the private half on stdin into a 0700 temporary directory, opens C(ssh -N -L) to
+    the source over the cluster's own network, the source's host keys pinned (read from the source over the
+    controller's pinned login), pulls the layers it lacks from its own loopback, and removes key and tunnel. When
+    the call ends (also on failure, or when the controller goes away) the registry stops and the key is
+    deauthorized: nothing is left listening or authorized on any server.
 options:
   image:
     description: The image on the controller, NAME:TAG.
@@ -54,6 +64,21 @@ options:
     description: Seconds one server's pull may take; the push gets the same bound.
     type: int
     default: 1800
+  source:
+    description: The build server holding the image (C(name), C(ssh) as in C(servers)); empty, the controller.
+    type: dict
+  source_address:
+    description: The source's address as the other servers reach it (default the last word of its C(ssh)).
+    type: str
+    default: ""
+  source_script:
+    description: The source's side (the role's files/registry-source.sh).
+    type: str
+    default: ""
+  receiver_script:
+    description: Each server's side (the role's files/pull-from-source.sh).
+    type: str
+    default: ""
 """
 
 RETURN = r"""
@@ -87,6 +112,7 @@ import contextlib  # noqa: E402  (Ansible modules put DOCUMENTATION first)
 import ctypes  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import select  # noqa: E402
 import shlex  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
@@ -284,7 +310,159 @@ def pull(server: dict[str, Any], reference: str, image: str, tunnel_port: int | 
     return result
 
 
+class SessionLines:
+    """Lines from a pipe, each within a deadline (select on the file descriptor, no buffering that select misses)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer, self.closed = fd, b"", False
+
+    def next(self, deadline: float) -> str | None:
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if self.closed or remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                self.closed = True
+                if self.buffer:
+                    line, self.buffer = self.buffer, b""
+                    return line.decode(errors="replace")
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line.decode(errors="replace")
+
+
+def split_ssh(ssh: list[str]) -> tuple[str, str, str]:
+    """The address, port and user that a server's ssh argv (ddp_ssh_targets) reaches: its target, -p, -l."""
+    port, user = "22", ""
+    for index, word in enumerate(ssh[:-1]):
+        if word == "-p":
+            port = ssh[index + 1]
+        elif word == "-l":
+            user = ssh[index + 1]
+    target = ssh[-1]
+    if "@" in target:
+        user, target = target.rsplit("@", 1)
+    return target, port, user
+
+
+def receiver_error(rc: int, output: str, source: str, port: int) -> str:
+    tail = " ".join(output.strip().splitlines()[-3:])
+    if rc == 4:
+        return (
+            f"could not reach the image registry on the build server {source} through a tunnel over the cluster's "
+            f"network (ssh to its address, port {port} on both loopbacks): {tail}. Check that this server reaches "
+            f"{source}'s sshd (cluster_image_build_address), that port {port} is free here (cluster_registry_port) "
+            "and that forwarding is allowed (AllowTcpForwarding)"
+        )
+    if rc == 255:
+        return f"ssh to the server failed: {tail}"
+    if rc == 124:
+        return f"timed out: {tail}"
+    return f"the pull from the build server {source} failed (rc {rc}): {tail}"
+
+
+def _keypair(workdir: str, comment: str) -> tuple[str, str]:
+    path = os.path.join(workdir, "key")
+    made = _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path], 60)
+    if made.returncode != 0:
+        raise DistributionError(f"cannot make the ephemeral key for the servers' tunnels: {made.stderr.strip()}")
+    with open(path, encoding="utf-8") as private, open(path + ".pub", encoding="utf-8") as public:
+        return private.read(), public.read().strip()
+
+
+def distribute_from_source(params: dict[str, Any]) -> dict[str, Any]:
+    """The image is on the source server's engine: registry there, every other server pulls over the cluster's
+    network through a tunnel to it (see DOCUMENTATION)."""
+    image, port, source = params["image"], params["port"], params["source"]
+    reference = registry_reference(image, "", port)
+    servers = params["servers"]
+    ssh = [str(word) for word in source["ssh"]]
+    address, ssh_port, user = split_ssh(ssh)
+    address = params["source_address"].strip() or address
+    report: dict[str, Any] = {"reference": reference, "servers": {}, "failed_servers": [], "bytes_served": 0}
+    comment = f"ddp-cluster-image-{os.urandom(6).hex()}"
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ddp-image-key-") as workdir:
+        private, public = _keypair(workdir, comment)
+        *client, target = ssh
+        argv = [*client, "-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
+                "-o", "ServerAliveCountMax=4", target,
+                shlex.join(["sh", "-c", params["source_script"], "ddp-registry", str(port), params["storage"], image,
+                            reference, params["registry_command"], public, comment])]  # fmt: skip
+        session = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+        assert session.stdin is not None and session.stdout is not None
+        lines = SessionLines(session.stdout.fileno())
+        try:
+            said, hostkeys = [], []
+            deadline = time.monotonic() + params["timeout"]
+            while True:
+                line = lines.next(deadline)
+                if line is None:
+                    session.kill()
+                    detail = " ".join(said[-3:]) or "the session ended without a word"
+                    if time.monotonic() >= deadline:
+                        detail = f"no answer within {params['timeout']} s (training_image_pull_timeout)"
+                    raise DistributionError(f"the build server {source['name']}: {detail}")
+                said.append(line)
+                if line.startswith("error: "):
+                    raise DistributionError(f"the build server {source['name']}: {line[len('error: ') :]}")
+                if line.startswith("pushed: "):
+                    report["pushed_layers"] = int(line.split()[-1])
+                    report["push_seconds"] = round(time.monotonic() - started, 1)
+                elif line.startswith("hostkey: "):
+                    hostkeys.append(line[len("hostkey: ") :])
+                elif line == "ready":
+                    break
+            known = "\n".join(hostkeys)
+
+            def receive(server: dict[str, Any]) -> dict[str, Any]:
+                command = shlex.join(["sh", "-c", params["receiver_script"], "ddp-pull", str(port), address,
+                                      ssh_port, user, reference, image, known])  # fmt: skip
+                begun = time.monotonic()
+                pull_argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
+                try:
+                    done = subprocess.run(pull_argv, input=private, capture_output=True, text=True,
+                                          timeout=params["timeout"])  # fmt: skip
+                    rc, out, err = done.returncode, done.stdout, done.stderr
+                except subprocess.TimeoutExpired:
+                    rc, out, err = 124, "", f"the pull did not finish within {params['timeout']} s"
+                pulled, present = layer_counts(out)
+                return {
+                    "ok": rc == 0, "rc": rc, "seconds": round(time.monotonic() - begun, 1),
+                    "layers_pulled": pulled, "layers_present": present,
+                    "error": "" if rc == 0 else receiver_error(rc, out + err, source["name"], port),
+                    "output": (out + err).strip().splitlines()[-20:],
+                }  # fmt: skip
+
+            with ThreadPoolExecutor(max_workers=max(1, min(params["parallel"], len(servers)))) as pool:
+                for server, result in zip(servers, pool.map(receive, servers), strict=True):
+                    report["servers"][server["name"]] = result
+            report["failed_servers"] = [name for name, result in report["servers"].items() if not result["ok"]]
+        finally:
+            with contextlib.suppress(OSError):
+                session.stdin.close()  # the source's session ends: registry stopped, key deauthorized
+            rest = []
+            end = time.monotonic() + 60
+            while (line := lines.next(end)) is not None:
+                rest.append(line)
+            if session.poll() is None:
+                session.kill()
+            session.wait()
+        report["bytes_served"] = sum(int(line.split()[-1]) for line in rest if re.fullmatch(r"served: \d+", line))
+    return report
+
+
 def distribute(params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("source"):
+        return distribute_from_source(params)
     image, registry, port = params["image"], params["registry"], params["port"]
     reference = registry_reference(image, registry, port)
     tunnel_port = None if registry.strip() else port
@@ -328,11 +506,15 @@ def main() -> None:
             "storage": {"type": "path", "required": True},
             "parallel": {"type": "int", "default": 16},
             "timeout": {"type": "int", "default": 1800},
+            "source": {"type": "dict"},
+            "source_address": {"type": "str", "default": ""},
+            "source_script": {"type": "str", "default": ""},
+            "receiver_script": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
     params = module.params
-    reference = registry_reference(params["image"], params["registry"], params["port"])
+    reference = registry_reference(params["image"], "" if params["source"] else params["registry"], params["port"])
     if not params["servers"] or module.check_mode:
         module.exit_json(changed=bool(params["servers"]), reference=reference, servers={}, failed_servers=[],
                          push_seconds=0.0, pushed_layers=0, bytes_served=0)  # fmt: skip
