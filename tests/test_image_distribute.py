@@ -152,3 +152,62 @@ def test_a_taken_port_or_a_missing_registry_is_named(tmp_path: Path) -> None:
     missing = pytest.raises(dist.DistributionError, match="apt-get install docker-registry")
     with missing, dist.controller_registry("/nonexistent/registry", str(tmp_path / "s"), _free_port(), str(tmp_path)):
         pass
+
+
+def test_the_build_servers_address_port_and_user_come_from_its_ssh_targets() -> None:
+    argv = ["ssh", "-o", "StrictHostKeyChecking=yes", "-p", "2222", "-l", "ops", "-i", "/k", "10.0.0.5"]
+    assert dist.split_ssh(argv) == ("10.0.0.5", "2222", "ops")
+    assert dist.split_ssh(["ssh", "admin@atlas0"]) == ("atlas0", "22", "admin")
+    assert dist.split_ssh(["ssh", "atlas0"]) == ("atlas0", "22", "")
+
+
+def test_the_source_sessions_lines_arrive_one_by_one_within_a_deadline() -> None:
+    import os
+    import time
+
+    read, write = os.pipe()
+    lines = dist.SessionLines(read)
+    os.write(write, b"pushed: 3\nhostkey: ssh-ed25519 AAAA\nready\npartial")
+    deadline = time.monotonic() + 2
+    # All three lines arrived in one read: each is given without waiting for more from the pipe.
+    assert [lines.next(deadline), lines.next(deadline), lines.next(deadline)] == [
+        "pushed: 3", "hostkey: ssh-ed25519 AAAA", "ready"
+    ]  # fmt: skip
+    started = time.monotonic()
+    assert lines.next(time.monotonic() + 0.3) is None  # an unfinished line: nothing within the deadline
+    assert 0.25 < time.monotonic() - started < 2
+    os.close(write)
+    assert lines.next(time.monotonic() + 2) == "partial"  # the session ended: its last words
+    assert lines.next(time.monotonic() + 2) is None
+    os.close(read)
+
+
+def test_a_server_that_cannot_reach_the_build_server_is_told_what_to_check() -> None:
+    said = dist.receiver_error(4, "tunnel: ssh: connect to host 10.0.0.5 port 22: No route to host", "atlas0", 15000)
+    assert "could not reach the image registry on the build server atlas0" in said
+    assert "No route to host" in said and "cluster_image_build_address" in said and "AllowTcpForwarding" in said
+    assert dist.receiver_error(1, "manifest unknown", "atlas0", 15000).startswith(
+        "the pull from the build server atlas0 failed (rc 1)"
+    )
+
+
+def test_docker_over_ssh_runs_the_servers_docker_through_the_controllers_ssh(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    fake = tmp_path / "ssh"
+    fake.write_text('#!/bin/sh\nfor word in "$@"; do printf "%s\\n" "$word"; done\n')
+    fake.chmod(0o755)
+    shim = REPO / "scripts" / "docker-over-ssh"
+    env = os.environ | {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    args = ["-H", "ssh://root@172.30.99.10:2222", "exec", "-i", "node0", "/bin/sh", "-c", "echo 'a b'"]
+    done = subprocess.run([str(shim), *args], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == [
+        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", "2222", "-l", "root", "--", "172.30.99.10",
+        "docker exec -i node0 /bin/sh -c 'echo '\"'\"'a b'\"'\"''",
+    ]  # fmt: skip
+    refused = subprocess.run([str(shim), "-H", "ssh://root@h", "cp", "node0:/x", "/tmp"], env=env,
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 1 and "cp is not passed through" in refused.stderr
+    local = subprocess.run([str(shim), "version"], env=env, capture_output=True, text=True)
+    assert local.returncode == 127 and "-H ssh://USER@ADDRESS" in local.stderr

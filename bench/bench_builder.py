@@ -1,0 +1,93 @@
+"""Where the node image is built (cluster_image_builder, issue 22): on the controller (the registry path of issue
+10: the controller's registry, every server pulls through its tunnel) against on a server (the build server's
+engine builds from a context sent by the controller; the others pull from a registry on it over the cluster's
+own network), side by side, on 2 and 4 simulated servers, each fresh with the base image on every server (as at
+an Ascend site, where the CANN base is loaded on each).
+
+For each: the first image stage (`site.yml --tags preflight,hosts,image`, the build included) and a one-line
+change under python/ (`--tags image`), wall time and the bytes leaving the controller for the servers (the sim
+bridge's transmit counter, Ansible's own traffic included), and the bytes the build server's registry served to
+the others (server builds: they never cross the controller).
+
+    .venv/bin/python bench/bench_builder.py [--servers 2 4] [--json FILE]
+
+It starts and removes the simulated servers itself (make sim-up / sim-down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from bench_distribution import TOUCHED, mb, run, sim
+from common import table
+
+BASE = "ddp-cluster/base:bookworm"
+
+
+def fresh(servers: int) -> None:
+    """Fresh servers, each with the base image loaded (not through the controller's tunnel: docker exec)."""
+    sim("down", servers)
+    sim("up", servers)
+    for index in range(servers):
+        subprocess.run(f"docker save {BASE} | docker exec -i sim-server{index} docker load", shell=True, check=True,
+                       capture_output=True)  # fmt: skip
+
+
+def measure(servers: int, builder: str, label: str, *args: str) -> tuple[tuple[str, ...], float]:
+    seconds, sent, out = run(servers, *args, "-e", f"cluster_image_builder={builder}", "-v")
+    served = sum(int(n) for n in re.findall(r"bytes_served: (\d+)", out))
+    pulled = ",".join(re.findall(r"layers_pulled: (\d+)", out))
+    row = (f"{servers} servers", builder, label, f"{seconds:.1f}", mb(sent), mb(sent // servers),
+           mb(served) if builder == "server" else "-", pulled)  # fmt: skip
+    print(" | ".join(row), flush=True)  # as it comes: a later failure keeps what was measured
+    return row, seconds
+
+
+def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
+    rows: list[tuple[str, ...]] = []
+    figures: dict[str, float] = {}
+    original = TOUCHED.read_text()
+    for builder in ("controller", "server"):
+        fresh(servers)
+        row, figures[f"{builder}: first image stage"] = measure(
+            servers, builder, "first image stage", "site.yml", "--tags", "preflight,hosts,image"
+        )
+        rows.append(row)
+        try:
+            TOUCHED.write_text(original + f"# benchmark: a one-line change for {builder}\n")
+            row, figures[f"{builder}: one-line change"] = measure(
+                servers, builder, "one-line change", "site.yml", "--tags", "image"
+            )
+            rows.append(row)
+        finally:
+            TOUCHED.write_text(original)
+    sim("down", servers)
+    return rows, figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--servers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    rows: list[tuple[str, ...]] = []
+    figures = {}
+    for servers in args.servers:
+        more, figures[servers] = bench(servers)
+        rows += more
+    header = ("cluster", "builder", "case", "seconds", "MB out of controller", "per server", "MB server-to-server",
+              "layers pulled")  # fmt: skip
+    print(table(rows, header))
+    if 2 in figures and 4 in figures:
+        for case in ("server: first image stage", "server: one-line change"):
+            print(f"{case}, 4 servers / 2 servers: {figures[4][case] / figures[2][case]:.2f}x (target <= 1.3x)")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The node image built where the servers are (cluster_image_builder, issue 22), on simulated servers made fresh
+for this module, from a controller without Docker: no docker CLI on its PATH and no engine to reach.
+
+sim-server0 has the base image already (as Ascend sites have their CANN base on every server); sim-server1 has
+nothing. ``auto`` then builds on sim-server0, whose engine builds from a context of sources and wheels sent from
+the controller, and sim-server1 pulls the image from a registry on sim-server0 over the cluster's own network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_sim import (
+    NODE_IMAGE,
+    QUICK,
+    REGISTRY_PORT,
+    RUNS,
+    SERVERS,
+    SIM,
+    code_change,
+    job_id,
+    node_image,
+    on_server,
+    sim,
+    task_output,
+    wait_engine,
+)
+
+from conftest import REPO, PlaybookResult, run_playbook
+
+BASE = "ddp-cluster/base:bookworm"
+
+
+@pytest.fixture(scope="module")
+def no_docker(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A controller's environment without Docker: a PATH with every tool of /usr/bin but docker, and no engine."""
+    bin_dir = tmp_path_factory.mktemp("no-docker-bin")
+    for entry in Path("/usr/bin").iterdir():
+        if not entry.name.startswith("docker"):
+            (bin_dir / entry.name).symlink_to(entry)
+    path = f"{REPO / '.venv' / 'bin'}:{bin_dir}:/usr/sbin:/sbin"
+    env = {"PATH": path, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    assert subprocess.run(["sh", "-c", "command -v docker"], env=env, capture_output=True).returncode != 0
+    return env
+
+
+def site(env: dict[str, str], project: Path = REPO, cmdline: str = "", **extravars: object) -> PlaybookResult:
+    return run_playbook(
+        "site.yml", extravars=extravars, env=env, inventory=project / SIM.relative_to(REPO), project=project,
+        cmdline=cmdline, timeout=1200,
+    )  # fmt: skip
+
+
+def controller_has(image_id: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", image_id], capture_output=True).returncode == 0
+
+
+def image_id(server: str, name: str) -> str:
+    return on_server(server, f"docker image inspect -f '{{{{.Id}}}}' {name}").stdout.strip()
+
+
+def assert_nothing_left() -> None:
+    """No registry, tunnel, ephemeral key, work directory or registry name left on any server."""
+    for server in SERVERS:
+        assert not on_server(server, f"ss -Htln 'sport = :{REGISTRY_PORT}'").stdout.strip(), server
+        assert on_server(server, "pgrep -f 'registry serve|ssh -N -i' || true").stdout.strip() == "", server
+        assert "ddp-cluster-image-" not in on_server(server, "cat /root/.ssh/authorized_keys").stdout, server
+        assert on_server(server, "ls -d /tmp/ddp-registry.* /tmp/ddp-pull.* 2>/dev/null || true").stdout == "", server
+        assert not on_server(server, "docker image ls -q '127.0.0.1:*/*/*'").stdout.strip(), server
+
+
+@pytest.fixture(scope="module")
+def built_on_server(no_docker: dict[str, str]) -> Iterator[PlaybookResult]:
+    sim("down")
+    sim("up")
+    loaded = subprocess.run(
+        f"docker save {BASE} | docker exec -i sim-server0 docker load", shell=True, capture_output=True, text=True
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert on_server("sim-server1", "docker image ls -q | wc -l").stdout.strip() == "0"
+    result = site(no_docker)
+    assert result.rc == 0, result.stdout[-6000:]
+    yield result
+    if not os.environ.get("DDP_SIM_KEEP"):
+        sim("down")
+
+
+def test_auto_builds_on_the_first_server_when_the_controller_has_no_docker(built_on_server: PlaybookResult) -> None:
+    # Said in preflight, and again by the image stage.
+    said = " ".join(built_on_server.stdout.split())
+    assert said.count("node image: built on the server sim-server0 (this controller has no Docker engine") == 2
+    # Every server runs one image, made by sim-server0's engine; this controller's engine never held it.
+    ref = node_image("sim-server0")[1]
+    assert ref.startswith(f"{NODE_IMAGE}:")
+    built = image_id("sim-server0", ref)
+    assert image_id("sim-server1", ref) == built
+    for server in SERVERS:
+        container = on_server(server, f"docker inspect -f '{{{{.Image}}}}' {server}").stdout.strip()
+        assert container == built, server
+    assert not controller_has(built)
+    assert task_output(built_on_server, "Push the image once, pull it on every server that lacks it").startswith(
+        "changed: [sim-server0 -> localhost]"
+    )
+    assert_nothing_left()
+
+
+def test_second_run_changes_nothing(built_on_server: PlaybookResult, no_docker: dict[str, str]) -> None:
+    again = site(no_docker)
+    assert again.rc == 0, again.stdout[-4000:]
+    assert again.changed_hosts() == {}, again.stdout[-6000:]
+
+
+def test_a_job_trains_across_the_servers(built_on_server: PlaybookResult, no_docker: dict[str, str]) -> None:
+    job = job_id("server-build")
+    done = run_playbook(
+        "train.yml", extravars={"job_id": job, "nodes": 2, "script_args": QUICK}, env=no_docker, inventory=SIM
+    )
+    assert done.rc == 0, done.stdout[-5000:]
+    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
+
+
+def test_a_code_change_is_built_on_the_server_and_reaches_the_other(
+    built_on_server: PlaybookResult, no_docker: dict[str, str]
+) -> None:
+    before = image_id("sim-server0", node_image("sim-server0")[1])
+    with code_change("server build") as changed:
+        result = site(no_docker, project=changed, cmdline="-v")
+    assert result.rc == 0, result.stdout[-6000:]
+    # The build server built it; the other pulled one layer (the package's code), over the cluster's network.
+    assert re.findall(r"layers_pulled: (\d+)", result.stdout) == ["1"], result.stdout[-6000:]
+    ref = node_image("sim-server0")[1]
+    after = image_id("sim-server0", ref)
+    assert after != before and image_id("sim-server1", ref) == after
+    for server in SERVERS:
+        assert on_server(server, f"docker inspect -f '{{{{.Image}}}}' {server}").stdout.strip() == after, server
+    assert not controller_has(after)
+    assert_nothing_left()
+
+
+def test_the_build_servers_engine_stopped_fails_the_stage_naming_it(
+    built_on_server: PlaybookResult, no_docker: dict[str, str]
+) -> None:
+    other = node_image("sim-server1")
+    on_server("sim-server0", "pkill -x dockerd; for i in $(seq 30); do docker info >/dev/null 2>&1 || exit 0; "
+                             "sleep 1; done; exit 1")  # fmt: skip
+    try:
+        with code_change("engine stopped") as changed:
+            result = site(no_docker, project=changed, cmdline="--tags image")
+    finally:
+        on_server("sim-server0", "rm -f /var/run/docker.pid; nohup dockerd >/var/log/dockerd.log 2>&1 </dev/null &")
+        wait_engine("sim-server0")
+    flat = " ".join(result.stdout.split())
+    assert result.rc != 0
+    assert "sim-server0 (the build server, cluster_image_build_host): no Docker engine answers" in flat, flat[-3000:]
+    assert node_image("sim-server1") == other  # the other server's container untouched
+    assert_nothing_left()
