@@ -16,14 +16,11 @@ It starts and removes the simulated servers itself (make sim-up / sim-down).
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import subprocess
-from pathlib import Path
 
 from bench_distribution import TOUCHED, mb, run, sim
-from common import table
+from common import over_server_counts, table
 
 BASE = "ddp-cluster/base:bookworm"
 
@@ -70,23 +67,13 @@ def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--servers", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
-    rows: list[tuple[str, ...]] = []
-    figures = {}
-    for servers in args.servers:
-        more, figures[servers] = bench(servers)
-        rows += more
+    rows, figures = over_server_counts(__doc__ or "", bench)
     header = ("cluster", "builder", "case", "seconds", "MB out of controller", "per server", "MB server-to-server",
               "layers pulled")  # fmt: skip
     print(table(rows, header))
     if 2 in figures and 4 in figures:
         for case in ("server: first image stage", "server: one-line change"):
             print(f"{case}, 4 servers / 2 servers: {figures[4][case] / figures[2][case]:.2f}x (target <= 1.3x)")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

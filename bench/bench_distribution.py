@@ -13,8 +13,6 @@ It starts and removes the simulated servers itself (make sim-up / sim-down).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shutil
@@ -22,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from common import PLAYBOOK, REPO, table
+from common import PLAYBOOK, REPO, over_server_counts, table
 
 TOUCHED = REPO / "python" / "src" / "ddp_cluster" / "__init__.py"
 REGISTRY_STORE = REPO / "build" / "registry"
@@ -123,21 +121,11 @@ def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--servers", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
-    rows: list[tuple[str, ...]] = []
-    figures = {}
-    for servers in args.servers:
-        more, figures[servers] = bench(servers)
-        rows += more
+    rows, figures = over_server_counts(__doc__ or "", bench)
     print(table(rows, ("cluster", "case", "seconds", "MB out", "MB out/server", "% of image/server")))
     if 2 in figures and 4 in figures:
         ratio = figures[4]["warm"] / figures[2]["warm"]
         print(f"\nwarm site.yml, 4 servers / 2 servers: {ratio:.2f}x (target <= 1.5x)")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,3 +44,25 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     ]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
+
+
+Rows = list[tuple[str, ...]]
+
+
+def over_server_counts(
+    description: str, bench: Callable[[int], tuple[Rows, dict[str, float]]]
+) -> tuple[Rows, dict[int, dict[str, float]]]:
+    """A sim benchmark's command line (--servers 2 4, --json FILE): bench(servers) for each count, in turn; the
+    rows of all, and the figures per count (also written to FILE)."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    parser.add_argument("--servers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    rows: Rows = []
+    figures: dict[int, dict[str, float]] = {}
+    for servers in args.servers:
+        more, figures[servers] = bench(servers)
+        rows += more
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return rows, figures

@@ -26,7 +26,8 @@ if ! command -v debootstrap >/dev/null 2>&1; then
        "so that it can be built from $mirror" >&2
   exit 1
 fi
-root=$(mktemp -d /tmp/ddp-base.XXXXXX)
+# Not /tmp: servers mount it noexec,nodev, where debootstrap cannot make /dev nor run what it unpacks.
+root=$(mktemp -d "${DDP_BASE_WORKDIR:-/var/tmp}/ddp-base.XXXXXX")
 trap 'rm -rf "$root" "$root.log"' EXIT
 echo "base image $name: building $suite from $mirror with debootstrap"
 debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.log" 2>&1 || {
