@@ -38,7 +38,7 @@ def test_the_build_host_is_named_or_the_first_server() -> None:
     servers = {"b": ARM, "a": ARM}
     assert choose("server", X86, "", servers).host == "a"
     assert choose("server", X86, "", servers, build_host="b").host == "b"
-    with pytest.raises(BuilderError, match="cluster_image_build_host is 'c'.*name one of a, b"):
+    with pytest.raises(BuilderError, match=r"cluster_image_build_host is 'c'.*name one of a, b"):
         choose("server", X86, "", servers, build_host="c")
 
 
@@ -52,7 +52,9 @@ def test_server_refuses_local_hosts_and_mixed_architectures() -> None:
 
 
 def test_controller_refuses_another_architecture_and_a_missing_engine() -> None:
-    with pytest.raises(BuilderError, match="this controller is amd64, but atlas0 is arm64.*cluster_image_builder: server"):
+    with pytest.raises(
+        BuilderError, match=r"controller is amd64, but atlas0 is arm64.*cluster_image_builder: server"
+    ):
         choose("controller", X86, "", {"atlas0": ARM})
     with pytest.raises(BuilderError, match="the base image is arm64, but gpu0 is amd64"):
         choose("controller", X86, "", {"gpu0": X86}, image_arch="arm64")

@@ -68,7 +68,9 @@ def choose(
                 "engine (a local connection): a server build is for remote servers; set controller or auto"
             )
         if not servers:
-            raise BuilderError("cluster_image_builder is server but the play has no remote server to build on")
+            raise BuilderError(
+                "cluster_image_builder is server but the play has no remote server to build on"
+            )
         if host not in servers:
             raise BuilderError(
                 f"cluster_image_build_host is {host!r}, which is not a server of this play: name one of "
@@ -77,11 +79,13 @@ def choose(
         others = sorted(name for name, value in arches.items() if value != arches[host])
         if others:
             raise BuilderError(
-                f"the build server {host} is {arches[host]} but {', '.join(f'{n} is {arches[n]}' for n in others)}: "
+                f"the build server {host} is {arches[host]} but "
+                f"{', '.join(f'{n} is {arches[n]}' for n in others)}: "
                 "one image serves the whole cluster, so every server must share one architecture"
             )
     if setting == "server":
-        return Choice("server", host, f"cluster_image_builder is server: {host}'s engine ({arches[host]}) builds")
+        reason = f"cluster_image_builder is server: {host}'s engine ({arches[host]}) builds"
+        return Choice("server", host, reason)
     controller_arch = arch(controller_engine or "")
     if setting == "auto":
         if local_hosts or not servers:
@@ -92,15 +96,14 @@ def choose(
                 )
             return Choice("controller", "localhost", "the nodes run on this controller's own engine")
         if controller_engine is None:
-            return Choice(
-                "server", host, f"this controller has no Docker engine ({controller_error}): {host}'s engine builds"
-            )
+            reason = f"this controller has no Docker engine ({controller_error}): {host}'s engine builds"
+            return Choice("server", host, reason)
         if arches[host] != controller_arch:
-            return Choice(
-                "server", host,
-                f"the servers are {arches[host]} and this controller is {controller_arch}: {host}'s engine builds "
-                "natively",
-            )  # fmt: skip
+            reason = (
+                f"the servers are {arches[host]} and this controller is {controller_arch}: "
+                f"{host}'s engine builds natively"
+            )
+            return Choice("server", host, reason)
         return Choice(
             "controller", "localhost", f"this controller's engine is {controller_arch}, as the servers are"
         )
@@ -108,7 +111,8 @@ def choose(
     if controller_engine is None:
         raise BuilderError(
             f"cluster_image_builder is controller but no Docker engine answers on this controller "
-            f"({controller_error}): start one, or set cluster_image_builder: server (or auto) to build on a server"
+            f"({controller_error}): start one, or set cluster_image_builder: server (or auto) to build on a "
+            "server"
         )
     built = arch(image_arch) if image_arch.strip() else controller_arch
     wrong = sorted(name for name, value in arches.items() if value != built)
