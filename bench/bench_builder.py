@@ -5,9 +5,11 @@ own network), side by side, on 2 and 4 simulated servers, each fresh with the ba
 an Ascend site, where the CANN base is loaded on each).
 
 For each: the first image stage (`site.yml --tags preflight,hosts,image`, the build included) and a one-line
-change under python/ (`--tags image`), wall time and the bytes leaving the controller for the servers (the sim
-bridge's transmit counter, Ansible's own traffic included), and the bytes the build server's registry served to
-the others (server builds: they never cross the controller).
+change under python/ (`--tags image`): wall time; the bytes the controller's own processes sent to the servers
+(an iptables counter on OUTPUT to the sim network: ssh, Ansible's modules and copies, the registry's tunnels);
+the bytes the sim bridge received through the controller from elsewhere (the servers' package archive, which the
+sim reaches through this machine's NAT; at a site, the servers' own mirror); and the bytes the build server's
+registry served to the others (server builds: they never cross the controller).
 
     .venv/bin/python bench/bench_builder.py [--servers 2 4] [--json FILE]
 
@@ -16,10 +18,12 @@ It starts and removes the simulated servers itself (make sim-up / sim-down).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
+from collections.abc import Iterator
 
-from bench_distribution import TOUCHED, mb, run, sim
+from bench_distribution import TOUCHED, bridge_tx, mb, run, sim
 from common import over_server_counts, table
 
 BASE = "ddp-cluster/base:bookworm"
@@ -34,12 +38,34 @@ def fresh(servers: int) -> None:
                        capture_output=True)  # fmt: skip
 
 
+SIM_NETWORK = "172.30.99.0/24"  # scripts/sim.sh
+COUNTER = ["OUTPUT", "-d", SIM_NETWORK, "-m", "comment", "--comment", "ddp-bench-builder"]
+
+
+@contextlib.contextmanager
+def controller_counter() -> Iterator[None]:
+    """An iptables rule without a target (it only counts) on what this machine's own processes send to the sim."""
+    subprocess.run(["iptables", "-I", *COUNTER], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-D", *COUNTER], check=False)
+
+
+def controller_sent() -> int:
+    listing = subprocess.run(["iptables", "-L", "OUTPUT", "-v", "-x", "-n"], capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    return sum(int(line.split()[1]) for line in listing.splitlines() if "ddp-bench-builder" in line)
+
+
 def measure(servers: int, builder: str, label: str, *args: str) -> tuple[tuple[str, ...], float]:
-    seconds, sent, out = run(servers, *args, "-e", f"cluster_image_builder={builder}", "-v")
+    own, bridge = controller_sent(), bridge_tx()
+    seconds, _, out = run(servers, *args, "-e", f"cluster_image_builder={builder}", "-v")
+    own, bridge = controller_sent() - own, bridge_tx() - bridge
     served = sum(int(n) for n in re.findall(r"bytes_served: (\d+)", out))
     pulled = ",".join(re.findall(r"layers_pulled: (\d+)", out))
-    row = (f"{servers} servers", builder, label, f"{seconds:.1f}", mb(sent), mb(sent // servers),
-           mb(served) if builder == "server" else "-", pulled)  # fmt: skip
+    row = (f"{servers} servers", builder, label, f"{seconds:.1f}", mb(own), mb(own // servers),
+           mb(max(0, bridge - own)), mb(served) if builder == "server" else "-", pulled)  # fmt: skip
     print(" | ".join(row), flush=True)  # as it comes: a later failure keeps what was measured
     return row, seconds
 
@@ -67,9 +93,10 @@ def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
 
 
 def main() -> None:
-    rows, figures = over_server_counts(__doc__ or "", bench)
-    header = ("cluster", "builder", "case", "seconds", "MB out of controller", "per server", "MB server-to-server",
-              "layers pulled")  # fmt: skip
+    with controller_counter():
+        rows, figures = over_server_counts(__doc__ or "", bench)
+    header = ("cluster", "builder", "case", "seconds", "MB from controller", "per server", "MB archive via NAT",
+              "MB server-to-server", "layers pulled")  # fmt: skip
     print(table(rows, header))
     if 2 in figures and 4 in figures:
         for case in ("server: first image stage", "server: one-line change"):
