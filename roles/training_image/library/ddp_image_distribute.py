@@ -267,8 +267,11 @@ def _tail(path: str, lines: int = 3) -> str:
         return " ".join(handle.read().strip().splitlines()[-lines:])
 
 
-def _run(argv: list[str], timeout: int) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], timeout: int, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """argv within timeout (rc 124 past it); ``stdin`` is its input, else it reads nothing."""
     try:
+        if stdin is not None:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as error:
         output = error.stdout if isinstance(error.stdout, str) else (error.stdout or b"").decode(errors="replace")
@@ -290,24 +293,37 @@ def push(image: str, reference: str, timeout: int) -> int:
     return len(re.findall(r"^\w+: Pushed$", pushed.stdout, re.MULTILINE))
 
 
-def pull(server: dict[str, Any], reference: str, image: str, tunnel_port: int | None, timeout: int) -> dict[str, Any]:
-    started = time.monotonic()
-    argv = ssh_pull_argv([str(word) for word in server["ssh"]], pull_command(reference, image), tunnel_port)
-    done = _run(argv, timeout)
+def pull_result(done: subprocess.CompletedProcess[str], started: float, timeout: int, error: str) -> dict[str, Any]:
+    """One server's pull as the report gives it; ``error`` says why a failed one failed (past the bound: that)."""
     output = done.stdout + done.stderr
     pulled, present = layer_counts(done.stdout)
-    result = {
+    if done.returncode == 124:
+        error = f"the pull did not finish within {timeout} s (training_image_pull_timeout)"
+    return {
         "ok": done.returncode == 0,
         "rc": done.returncode,
         "seconds": round(time.monotonic() - started, 1),
         "layers_pulled": pulled,
         "layers_present": present,
-        "error": "" if done.returncode == 0 else pull_error(done.returncode, output, tunnel_port),
+        "error": "" if done.returncode == 0 else error,
         "output": output.strip().splitlines()[-20:],
     }
-    if done.returncode == 124:
-        result["error"] = f"the pull did not finish within {timeout} s (training_image_pull_timeout)"
-    return result
+
+
+def pull_everywhere(servers: list[dict[str, Any]], parallel: int, pull_one: Any) -> dict[str, Any]:
+    """pull_one(server) on every server, ``parallel`` at a time: the report's servers and failed_servers."""
+    results: dict[str, Any] = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(servers)))) as pool:
+        for server, result in zip(servers, pool.map(pull_one, servers), strict=True):
+            results[server["name"]] = result
+    return {"servers": results, "failed_servers": [name for name, result in results.items() if not result["ok"]]}
+
+
+def pull(server: dict[str, Any], reference: str, image: str, tunnel_port: int | None, timeout: int) -> dict[str, Any]:
+    started = time.monotonic()
+    argv = ssh_pull_argv([str(word) for word in server["ssh"]], pull_command(reference, image), tunnel_port)
+    done = _run(argv, timeout)
+    return pull_result(done, started, timeout, pull_error(done.returncode, done.stdout + done.stderr, tunnel_port))
 
 
 class SessionLines:
@@ -361,8 +377,6 @@ def receiver_error(rc: int, output: str, source: str, port: int) -> str:
         )
     if rc == 255:
         return f"ssh to the server failed: {tail}"
-    if rc == 124:
-        return f"timed out: {tail}"
     return f"the pull from the build server {source} failed (rc {rc}): {tail}"
 
 
@@ -427,25 +441,12 @@ def distribute_from_source(params: dict[str, Any]) -> dict[str, Any]:
                 command = shlex.join(["sh", "-c", params["receiver_script"], "ddp-pull", str(port), address,
                                       ssh_port, user, reference, image, known])  # fmt: skip
                 begun = time.monotonic()
-                pull_argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
-                try:
-                    done = subprocess.run(pull_argv, input=private, capture_output=True, text=True,
-                                          timeout=params["timeout"])  # fmt: skip
-                    rc, out, err = done.returncode, done.stdout, done.stderr
-                except subprocess.TimeoutExpired:
-                    rc, out, err = 124, "", f"the pull did not finish within {params['timeout']} s"
-                pulled, present = layer_counts(out)
-                return {
-                    "ok": rc == 0, "rc": rc, "seconds": round(time.monotonic() - begun, 1),
-                    "layers_pulled": pulled, "layers_present": present,
-                    "error": "" if rc == 0 else receiver_error(rc, out + err, source["name"], port),
-                    "output": (out + err).strip().splitlines()[-20:],
-                }  # fmt: skip
+                argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
+                done = _run(argv, params["timeout"], stdin=private)
+                error = receiver_error(done.returncode, done.stdout + done.stderr, source["name"], port)
+                return pull_result(done, begun, params["timeout"], error)
 
-            with ThreadPoolExecutor(max_workers=max(1, min(params["parallel"], len(servers)))) as pool:
-                for server, result in zip(servers, pool.map(receive, servers), strict=True):
-                    report["servers"][server["name"]] = result
-            report["failed_servers"] = [name for name, result in report["servers"].items() if not result["ok"]]
+            report |= pull_everywhere(servers, params["parallel"], receive)
         finally:
             with contextlib.suppress(OSError):
                 session.stdin.close()  # the source's session ends: registry stopped, key deauthorized
@@ -470,11 +471,9 @@ def distribute(params: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = {"reference": reference, "servers": {}, "failed_servers": [], "bytes_served": 0}
 
     def pull_all() -> None:
-        with ThreadPoolExecutor(max_workers=max(1, min(params["parallel"], len(servers)))) as pool:
-            results = pool.map(lambda server: pull(server, reference, image, tunnel_port, params["timeout"]), servers)
-            for server, result in zip(servers, results, strict=True):
-                report["servers"][server["name"]] = result
-        report["failed_servers"] = [name for name, result in report["servers"].items() if not result["ok"]]
+        report.update(pull_everywhere(
+            servers, params["parallel"], lambda server: pull(server, reference, image, tunnel_port, params["timeout"])
+        ))  # fmt: skip
 
     started = time.monotonic()
     if tunnel_port is None:
