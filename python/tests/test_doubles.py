@@ -1,10 +1,12 @@
-"""The hccn_tool and npu-smi test doubles: documented outputs, state kept in files, injected failures."""
+"""The hccn_tool, npu-smi and nvidia-smi test doubles: documented outputs, state kept in files, injected
+failures."""
 
 from __future__ import annotations
 
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ DOUBLES = Path(__file__).resolve().parents[2] / "tests" / "doubles"
 
 
 class Machine:
-    """One simulated host: a state directory and the two tools run against it."""
+    """One simulated host: a state directory and the tools run against it."""
 
     def __init__(self, state: Path, config: dict[str, Any] | None = None) -> None:
         self.state = state
@@ -47,7 +49,7 @@ def machine(tmp_path: Path) -> Machine:
 
 
 def test_doubles_are_executable_scripts_for_old_pythons() -> None:
-    for name in ("hccn_tool", "npu-smi"):
+    for name in ("hccn_tool", "npu-smi", "nvidia-smi"):
         path = DOUBLES / name
         assert os.access(path, os.X_OK), f"{path} is not executable"
         source = path.read_text()
@@ -246,3 +248,294 @@ def test_calls_are_logged_including_failures(machine: Machine) -> None:
     machine.run("hccn_tool", "-i", "0", "-ip", "-g")
     machine.run("hccn_tool", "-i", "9", "-ip", "-g")
     assert machine.calls() == ["npu-smi info -l", "hccn_tool -i 0 -ip -g", "hccn_tool -i 9 -ip -g"]
+
+
+# npu-smi info -t topo on an Atlas 800T A2 (8x 910B), as the vendor prints it.
+ATLAS_A2_TOPO = """\
+\t   NPU0       NPU1       NPU2       NPU3       NPU4       NPU5       NPU6       NPU7       CPU Affinity
+NPU0       X          HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       144-167
+NPU1       HCCS       X          HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       144-167
+NPU2       HCCS       HCCS       X          HCCS       HCCS       HCCS       HCCS       HCCS       96-119
+NPU3       HCCS       HCCS       HCCS       X          HCCS       HCCS       HCCS       HCCS       96-119
+NPU4       HCCS       HCCS       HCCS       HCCS       X          HCCS       HCCS       HCCS       0-23
+NPU5       HCCS       HCCS       HCCS       HCCS       HCCS       X          HCCS       HCCS       0-23
+NPU6       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       X          HCCS       48-71
+NPU7       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       X          48-71
+
+Legend:
+
+  X    = Self
+  SYS  = Path traversing PCIe and NUMA nodes. Nodes are connected through SMP, such as QPI, UPI.
+  PHB  = Path traversing PCIe and the PCIe host bridge of a CPU.
+  PIX  = Path traversing a single PCIe switch
+  PXB  = Path traversing multiple PCIe switches
+  HCCS = Connection traversing HCCS.
+  NA   = Unknown relationship.
+"""
+
+
+def test_npu_smi_topo_prints_the_atlas_a2_sample(machine: Machine) -> None:
+    result = machine.run("npu-smi", "info", "-t", "topo")
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == ATLAS_A2_TOPO
+    assert machine.calls() == ["npu-smi info -t topo"]
+
+
+def test_npu_smi_topo_follows_the_config(tmp_path: Path) -> None:
+    config = {
+        "chip_count": 4,
+        "missing": [1],
+        "topo_link": "PXB",
+        "devices": {"2": {"cpu_affinity": "0-63,128-191"}},
+    }
+    lines = Machine(tmp_path, config).run("npu-smi", "info", "-t", "topo").stdout.splitlines()
+    assert lines[0] == "\t   NPU0       NPU2       NPU3       CPU Affinity"
+    assert lines[1] == "NPU0       X          PXB        PXB        144-167"
+    assert lines[2] == "NPU2       PXB        X          PXB        0-63,128-191"
+    assert lines[3] == "NPU3       PXB        PXB        X          96-119"
+    assert lines[4:6] == ["", "Legend:"]
+
+
+def test_npu_smi_topo_default_affinity_repeats_for_sixteen_chips(tmp_path: Path) -> None:
+    m = Machine(tmp_path, {"chip_count": 16, "topo_label": "Phy-ID"})
+    rows = [
+        line for line in m.run("npu-smi", "info", "-t", "topo").stdout.splitlines() if line.startswith("Phy")
+    ]
+    pairs = ["144-167", "96-119", "0-23", "48-71"]
+    assert [row.split()[-1] for row in rows] == [pairs[(chip // 2) % 4] for chip in range(16)]
+    assert rows[0].split()[-1] == rows[9].split()[-1] == "144-167"
+    assert rows[12].startswith("Phy-ID12   HCCS       ")
+
+
+def test_npu_smi_topo_without_affinity_column_and_unsupported(tmp_path: Path) -> None:
+    m = Machine(tmp_path, {"chip_count": 2, "topo_affinity": False})
+    lines = m.run("npu-smi", "info", "-t", "topo").stdout.splitlines()
+    assert lines[:3] == [
+        "\t   NPU0       NPU1       ",
+        "NPU0       X          HCCS       ",
+        "NPU1       HCCS       X          ",
+    ]
+    m = Machine(tmp_path, {"topo": False})
+    result = m.run("npu-smi", "info", "-t", "topo")
+    assert (result.returncode, result.stdout) == (0, "This device does not support querying topo.\n")
+    m = Machine(tmp_path, {"driver": False})
+    result = m.run("npu-smi", "info", "-t", "topo")
+    assert (result.returncode, result.stdout) == (1, "")
+
+
+def ping(m: Machine, device: int, address: str, *more: str) -> tuple[int, str]:
+    result = m.hccn(device, "-ping", "-g", "address", address, *more)
+    return result.returncode, result.stdout
+
+
+def test_ping_reachable_prints_the_documented_output(tmp_path: Path) -> None:
+    m = Machine(tmp_path, {"devices": {"3": {"ipaddr": "29.1.137.10", "netmask": "255.255.0.0"}}})
+    assert ping(m, 3, "29.1.137.205") == (
+        0,
+        "device 3 PING 29.1.137.205\n"
+        "recv seq=0,time=1.418000ms\n"
+        "recv seq=1,time=0.034000ms\n"
+        "recv seq=2,time=0.040000ms\n"
+        "3 packets transmitted, 3 received, 0.00% packet loss\n",
+    )
+    status, output = ping(m, 3, "29.1.0.1", "pkt", "5")
+    assert status == 0 and output.count("recv seq=") == 5
+    assert output.endswith("\n5 packets transmitted, 5 received, 0.00% packet loss\n")
+    assert m.calls() == [
+        "hccn_tool -i 3 -ping -g address 29.1.137.205",
+        "hccn_tool -i 3 -ping -g address 29.1.0.1 pkt 5",
+    ]
+
+
+UNREACHABLE = (
+    "device 0 PING 10.0.0.9\n"
+    "recv time out seq=0\n"
+    "recv time out seq=1\n"
+    "recv time out seq=2\n"
+    "3 packets transmitted, 0 received, 100.00% packet loss\n"
+)
+
+
+@pytest.mark.parametrize(
+    "device_config",
+    [
+        {"ipaddr": "10.1.0.5", "netmask": "255.255.255.0"},  # another subnet, no gateway
+        {"ipaddr": "10.0.0.5"},  # no netmask
+        {},  # no address
+        {"ipaddr": "10.0.0.5", "netmask": "255.255.255.0", "link": "DOWN"},
+        {"ipaddr": "10.0.0.5", "netmask": "255.255.255.0", "unreachable": ["10.0.0.9"]},
+        {"ipaddr": "10.0.0.5", "netmask": "255.255.255.0", "ping_loss": 3},
+        {"ipaddr": "10.0.0.5", "netmask": "255.255.255.0", "ping_loss": 7},
+    ],
+)
+def test_ping_unreachable_loses_every_packet(tmp_path: Path, device_config: dict[str, Any]) -> None:
+    m = Machine(tmp_path, {"devices": {"0": device_config}})
+    assert ping(m, 0, "10.0.0.9") == (1, UNREACHABLE)
+
+
+def test_ping_unreachable_list_and_gateway(tmp_path: Path) -> None:
+    device = {"ipaddr": "10.0.1.5", "netmask": "255.255.255.0"}
+    m = Machine(tmp_path, {"unreachable": ["10.0.1.7"], "devices": {"0": device, "1": device}})
+    assert ping(m, 1, "10.0.1.7")[0] == 1
+    assert ping(m, 1, "10.0.1.8")[0] == 0
+    assert ping(m, 0, "10.0.9.1")[0] == 1
+    m.ok(0, "-gateway", "-s", "gateway", "10.0.1.1")
+    assert ping(m, 0, "10.0.9.1")[0] == 0
+    m.ok(0, "-link", "-s", "down")
+    assert ping(m, 0, "10.0.1.6")[0] == 1
+
+
+def test_ping_partial_loss_exits_non_zero(tmp_path: Path) -> None:
+    m = Machine(
+        tmp_path, {"devices": {"2": {"ipaddr": "10.0.0.5", "netmask": "255.255.255.0", "ping_loss": 1}}}
+    )
+    assert ping(m, 2, "10.0.0.6") == (
+        1,
+        "device 2 PING 10.0.0.6\n"
+        "recv time out seq=0\n"
+        "recv seq=1,time=0.034000ms\n"
+        "recv seq=2,time=0.040000ms\n"
+        "3 packets transmitted, 2 received, 33.33% packet loss\n",
+    )
+    status, output = ping(m, 2, "10.0.0.6", "pkt", "4")
+    assert status == 1 and output.endswith("\n4 packets transmitted, 3 received, 25.00% packet loss\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (("10.0.0.300",), 1, "Invalid ip address: 10.0.0.300"),
+        (("host",), 1, "Invalid ip address: host"),
+        (("10.0.0.6", "pkt", "x"), 1, "Invalid pkt: x"),
+        (("10.0.0.6", "pkt", "0"), 1, "Invalid pkt: 0"),
+        (("10.0.0.6", "count", "3"), 2, "usage: hccn_tool"),
+    ],
+)
+def test_ping_invalid_arguments(machine: Machine, args: tuple[str, ...], status: int, message: str) -> None:
+    result = machine.hccn(0, "-ping", "-g", "address", *args)
+    assert result.returncode == status
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_ping_missing_device_and_driver(tmp_path: Path) -> None:
+    m = Machine(tmp_path, {"missing": [5]})
+    result = m.hccn(5, "-ping", "-g", "address", "10.0.0.1")
+    assert result.returncode == 1 and "device 5 does not exist" in result.stderr
+    m = Machine(tmp_path, {"driver": False})
+    result = m.hccn(0, "-ping", "-g", "address", "10.0.0.1")
+    assert result.returncode == 1 and "driver is not loaded" in result.stderr
+
+
+# nvidia-smi topo -m on a DGX A100, the GPU rows and NIC0 as published (NIC1..NIC9 alike).
+DGX_A100_GPU_ROWS = [
+    "GPU0\t X \tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\tPXB\tPXB" + "\tSYS" * 8 + "\t48-63,176-191\t3",
+    "GPU1\tNV12\t X \tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\tPXB\tPXB" + "\tSYS" * 8 + "\t48-63,176-191\t3",
+    "GPU2\tNV12\tNV12\t X \tNV12\tNV12\tNV12\tNV12\tNV12\tSYS\tSYS\tPXB\tPXB"
+    + "\tSYS" * 6
+    + "\t16-31,144-159\t1",
+    "GPU3\tNV12\tNV12\tNV12\t X \tNV12\tNV12\tNV12\tNV12\tSYS\tSYS\tPXB\tPXB"
+    + "\tSYS" * 6
+    + "\t16-31,144-159\t1",
+    "GPU4\tNV12\tNV12\tNV12\tNV12\t X \tNV12\tNV12\tNV12"
+    + "\tSYS" * 4
+    + "\tPXB\tPXB"
+    + "\tSYS" * 4
+    + "\t112-127,240-255\t7",
+    "GPU5\tNV12\tNV12\tNV12\tNV12\tNV12\t X \tNV12\tNV12"
+    + "\tSYS" * 4
+    + "\tPXB\tPXB"
+    + "\tSYS" * 4
+    + "\t112-127,240-255\t7",
+    "GPU6\tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\t X \tNV12"
+    + "\tSYS" * 6
+    + "\tPXB\tPXB\tSYS\tSYS\t80-95,208-223\t5",
+    "GPU7\tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\tNV12\t X "
+    + "\tSYS" * 6
+    + "\tPXB\tPXB\tSYS\tSYS\t80-95,208-223\t5",
+]
+DGX_A100_HEADER = (
+    "\t"
+    + "\t".join([f"GPU{g}" for g in range(8)] + [f"NIC{n}" for n in range(10)])
+    + "\tCPU Affinity\tNUMA Affinity"
+)
+DGX_A100_NIC0 = "NIC0\tPXB\tPXB" + "\tSYS" * 6 + "\t X \tPXB" + "\tSYS" * 8 + "\t\t"
+
+
+def test_nvidia_smi_topo_prints_the_dgx_a100_sample(tmp_path: Path) -> None:
+    m = Machine(tmp_path, {"nic_count": 10})
+    result = m.run("nvidia-smi", "topo", "-m")
+    assert (result.returncode, result.stderr) == (0, "")
+    lines = result.stdout.splitlines()
+    assert lines[0] == DGX_A100_HEADER
+    assert lines[1:9] == DGX_A100_GPU_ROWS
+    assert lines[9] == DGX_A100_NIC0
+    assert lines[18] == "NIC9" + "\tSYS" * 16 + "\tPXB\t X \t\t"
+    assert lines[19:22] == ["", "Legend:", ""]
+    assert "  NV#  = Connection traversing a bonded set of # NVLinks" in lines
+    assert lines[-12:] == ["NIC Legend:", ""] + [f"  NIC{n}: mlx5_{n}" for n in range(10)]
+
+
+def test_nvidia_smi_topo_variants(tmp_path: Path) -> None:
+    config = {
+        "gpu_count": 2,
+        "gpu_link": "NV18",
+        "topo_ansi": True,
+        "topo_gpu_numa_id": True,
+        "nic_count": 1,
+        "gpus": {"1": {"cpu_affinity": "0-55,112-167", "numa_affinity": "0"}},
+    }
+    lines = Machine(tmp_path, config).run("nvidia-smi", "topo", "-m").stdout.splitlines()
+    assert lines[0] == "\x1b[4m\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"
+    assert lines[1] == "GPU0\t X \tNV18\tPXB\t48-63,176-191\t3\t\tN/A"
+    assert lines[2] == "GPU1\tNV18\t X \tPXB\t0-55,112-167\t0\t\tN/A"
+    assert lines[3] == "NIC0\tPXB\tPXB\t X \t\t\t"
+    assert "NIC Legend:" in lines
+    plain = Machine(tmp_path, {"gpu_count": 1}).run("nvidia-smi", "topo", "-m").stdout
+    assert plain.startswith("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t48-63,176-191\t3\n\nLegend:")
+    assert "NIC Legend" not in plain
+
+
+def test_nvidia_smi_list_and_driver_version(tmp_path: Path) -> None:
+    m = Machine(
+        tmp_path, {"gpu_count": 2, "gpu_name": "NVIDIA A100-SXM4-80GB", "driver_version": "535.161.08"}
+    )
+    listing = m.run("nvidia-smi", "-L").stdout.splitlines()
+    assert len(listing) == 2
+    assert re.fullmatch(
+        r"GPU 1: NVIDIA A100-SXM4-80GB \(UUID: GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}\)", listing[1]
+    )
+    assert listing == m.run("nvidia-smi", "-L").stdout.splitlines()  # the same UUIDs every time
+    query = m.run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+    assert (query.returncode, query.stdout) == (0, "535.161.08\n535.161.08\n")
+    assert m.run("nvidia-smi", "--format=csv", "--query-gpu=driver_version").stdout == (
+        "driver_version\n535.161.08\n535.161.08\n"
+    )
+    default = Machine(tmp_path, {})
+    assert default.run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader").stdout == (
+        "550.54.15\n" * 8
+    )
+    assert default.run("nvidia-smi", "-L").stdout.startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    assert m.calls()[0] == "nvidia-smi -L"
+
+
+def test_nvidia_smi_without_driver(tmp_path: Path) -> None:
+    m = Machine(tmp_path, {"driver": False})
+    for args in (("-L",), ("topo", "-m"), ("--query-gpu=driver_version", "--format=csv,noheader")):
+        result = m.run("nvidia-smi", *args)
+        assert result.returncode == 9
+        assert result.stdout == (
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            "Make sure that the latest NVIDIA driver is installed and running.\n"
+        )
+
+
+@pytest.mark.parametrize(
+    "args", [(), ("topo",), ("topo", "-p2p", "r"), ("--query-gpu=name", "--format=csv"), ("-L", "-i", "0")]
+)
+def test_nvidia_smi_unknown_arguments(machine: Machine, args: tuple[str, ...]) -> None:
+    result = machine.run("nvidia-smi", *args)
+    assert result.returncode == 2
+    assert "nvidia-smi (double): unsupported arguments" in result.stderr
+    assert result.stdout == ""
+    assert len(machine.calls()) == 1

@@ -78,15 +78,42 @@ def test_a_variable_set_on_one_node_only_fails_the_gate_naming_that_node(tmp_pat
     assert "node1" in report and "node0" not in report
 
 
-def test_with_several_processes_per_node_the_pairs_are_between_the_nodes_first_ranks(tmp_path: Path) -> None:
+def test_with_several_processes_per_node_every_device_is_paired_with_its_counterpart(tmp_path: Path) -> None:
     results = run_gate(tmp_path, 2, per_node=2)
     assert (results["nodes"], results["world_size"]) == (["node0", "node1"], 4)
-    assert [(pair["a"], pair["b"]) for pair in results["pairs"]] == [("node0", "node1")]
+    assert [(pair["a"], pair["b"], pair["device"]) for pair in results["pairs"]] == [
+        ("node0", "node1", 0),
+        ("node0", "node1", 1),
+    ]
     assert results["sweep"][0]["busbw_gbps"] == pytest.approx(
         results["sweep"][0]["algbw_gbps"] * 1.5, rel=0.01
     )
     assert [report["rank"] for report in results["reports"]] == [0, 1, 2, 3]
     assert results["verdict"]["passed"], results["verdict"]
+
+
+def test_a_ring_of_three_nodes_with_two_devices_measures_six_device_links(tmp_path: Path) -> None:
+    # Each local rank's pairs on an interface of its own (DDP_GLOO_DEVICE_IFNAMES): here both are loopback.
+    results = run_gate(
+        tmp_path, 3, {rank: {"DDP_GLOO_DEVICE_IFNAMES": "lo,lo"} for rank in range(6)}, per_node=2
+    )
+    assert [(pair["a"], pair["b"], pair["device"]) for pair in results["pairs"]] == [
+        (a, b, device)
+        for device in (0, 1)
+        for a, b in (("node0", "node1"), ("node1", "node2"), ("node2", "node0"))
+    ]
+    assert all(pair["busbw_gbps"] > 0 for pair in results["pairs"])
+    assert "node0 device 1 <-> node1 device 1" in health.render(results)
+
+
+def test_a_node_with_fewer_interfaces_than_processes_is_refused_naming_the_variable() -> None:
+    from ddp_cluster.errors import DdpClusterError
+    from ddp_cluster.gate import device_interface
+
+    assert device_interface(1, {"DDP_GLOO_DEVICE_IFNAMES": "eth0, eth1"}) == "eth1"
+    assert device_interface(0, {}) is None
+    with pytest.raises(DdpClusterError, match="DDP_GLOO_DEVICE_IFNAMES=eth0 names 1 interface"):
+        device_interface(1, {"DDP_GLOO_DEVICE_IFNAMES": "eth0"})
 
 
 def test_cann_version_is_read_where_the_toolkit_package_puts_it(tmp_path: Path) -> None:

@@ -248,6 +248,54 @@ def test_bad_thresholds_are_refused(fraction: float, floor: float) -> None:
 # --- the verdict, the report, the command ---
 
 
+# --- every device's own link ---
+
+
+def device_ring(
+    nodes: int, devices: int, slow: set[tuple[int, int]], fast: float = 1.0, slowed: float = 0.05
+) -> list[dict[str, Any]]:
+    """The pairs of a ring of ``nodes`` nodes, one per device, the units in ``slow`` (node, device) slowed."""
+    return [
+        pair(f"n{a}", f"n{b}", slowed if {(a, device), (b, device)} & slow else fast) | {"device": device}
+        for device in range(devices)
+        for a, b in health.ring_pairs(nodes)
+    ]
+
+
+def test_one_slow_device_is_named_by_node_and_device_and_its_sibling_devices_pass() -> None:
+    nodes = ["n0", "n1", "n2", "n3"]
+    rows, problems = health.judge_pairs(nodes, device_ring(4, 8, {(2, 5)}), health.Thresholds())
+    assert problems == [
+        "node n2 device 5 is slow: its best pair reached 0.050 GB/s busbw, below 0.5 x the median device"
+        " (1.000 GB/s)"
+    ]
+    assert [(row["node"], row["device"]) for row in rows if row["slow"]] == [("n2", 5)]
+    assert len(rows) == 32
+
+
+def test_a_node_slow_on_every_device_is_named_once_as_a_slow_node() -> None:
+    slow = {(1, device) for device in range(4)}
+    _, problems = health.judge_pairs(["n0", "n1", "n2"], device_ring(3, 4, slow), health.Thresholds())
+    assert problems == [
+        "node n1 is slow on every device: its best pair reached 0.050 GB/s busbw, below 0.5 x the median"
+        " device (1.000 GB/s)"
+    ]
+
+
+def test_on_two_nodes_a_slow_device_pair_is_named_as_that_devices_link() -> None:
+    _, problems = health.judge_pairs(["n0", "n1"], device_ring(2, 2, {(1, 1)}), health.Thresholds())
+    assert problems == [
+        "the link n0 device 1 <-> n1 device 1 is slow: 0.050 GB/s busbw, below 0.5 x the median device"
+        " (0.525 GB/s)"
+    ]
+
+
+def test_the_report_lists_every_device_pair() -> None:
+    text = health.render(gate_results(pairs=device_ring(3, 2, set())))
+    assert "between the same device (local rank) of two nodes" in text
+    assert text.count(" <-> ") == 6 and "n2 device 1 <-> n0 device 1" in text
+
+
 def gate_results(**changes: Any) -> dict[str, Any]:
     results: dict[str, Any] = {
         "nodes": ["node0", "node1", "node2"],
@@ -317,3 +365,24 @@ def test_cli_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_one_rank_says_its_figures_are_no_bandwidth() -> None:
     text = health.render(gate_results(world_size=1, nodes=["node0"], pairs=[], reports=[report("node0", 0)]))
     assert "on one rank: nothing crosses a link" in text and "ring pairs: none (one node)" in text
+
+
+def test_a_gpu_node_that_fell_back_to_sockets_with_active_hcas_fails_naming_it() -> None:
+    active = {"name": "mlx5_0", "ports": [{"port": 1, "state": "ACTIVE", "link_layer": "InfiniBand"}]}
+    ib = {"network": "IB", "ib_devices": ["mlx5_0:1/IB"]}
+    socket = {"network": "Socket", "socket_interfaces": ["eth0"]}
+    fabric = [
+        {"node": "node0", "transport": ib, "hcas": [active], "rdma_devices": True},
+        {"node": "node1", "transport": socket, "hcas": [active], "rdma_devices": False},
+        {"node": "node2", "transport": socket, "hcas": [], "rdma_devices": False},
+    ]
+    results = gate_results(fabric=fabric, backend="nccl", device="cuda")
+    judged = health.verdict(results)
+    assert not judged["passed"]
+    assert [problem.split(" (")[0] for problem in judged["problems"]] == [
+        "node node1 fell back to NCCL's socket transport"
+    ]
+    assert "no /dev/infiniband/uverbs* device" in judged["problems"][0]
+    text = health.render(results | {"verdict": judged})
+    assert "network: node node0: NCCL IB (mlx5_0:1/IB); InfiniBand/RoCE adapters: mlx5_0" in text
+    assert "network: node node2: NCCL Socket (eth0); InfiniBand/RoCE adapters: none" in text

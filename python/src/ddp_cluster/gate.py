@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 import ddp_cluster
-from ddp_cluster import health
+from ddp_cluster import fabric, health
 from ddp_cluster.atomic import write_atomic
 from ddp_cluster.device import Placement, requested_device, select_placement, where
 from ddp_cluster.distenv import DistEnv, resolve_dist_env
@@ -42,6 +42,8 @@ from ddp_cluster.train import process_group
 
 CANN_INFO = ("ascend_toolkit_install.info", "version=")
 NPU_DRIVER_INFO = Path("/usr/local/Ascend/driver/version.info")
+# cpu servers with one NIC per process: the interface of each local rank's device pairs, comma-separated.
+GLOO_DEVICE_IFNAMES = "DDP_GLOO_DEVICE_IFNAMES"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -170,6 +172,36 @@ def device_count(placement: Placement) -> int | None:
     return None
 
 
+# What the gate sets for itself on nccl, so that NCCL says which transport it chose (into files of its own:
+# the ranks' logs stay as they are); the user's own values are what the environment comparison sees.
+NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+_users_environ: dict[str, str] = {}
+
+
+def log_nccl_transport(directory: Path) -> None:
+    """Make NCCL log its network choice into ``directory`` (nccl.HOST.PID.log), before the process group."""
+    _users_environ.clear()
+    _users_environ.update(os.environ)
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ.update(NCCL_LOGGING | {"NCCL_DEBUG_FILE": str(directory / "nccl.%h.%p.log")})
+
+
+def node_fabric(env: DistEnv, placement: Placement, directory: Path | None) -> dict[str, Any] | None:
+    """The first rank of a node: the transport NCCL chose (from its own log) and the node's InfiniBand/RoCE
+    adapters; None on other ranks and other backends."""
+    if env.local_rank != 0 or placement.backend != "nccl" or directory is None:
+        return None
+    text = "".join(
+        path.read_text(errors="replace") for path in sorted(directory.glob(f"nccl.*.{os.getpid()}.log"))
+    )
+    return {
+        "node": os.environ.get("DDP_NODE_NAME") or platform.node(),
+        "transport": fabric.parse_nccl_log(text).as_dict(),
+        "hcas": [hca.as_dict() for hca in fabric.ib_devices()],
+        "rdma_devices": fabric.has_rdma_devices(),
+    }
+
+
 def local_report(env: DistEnv, placement: Placement) -> dict[str, Any]:
     interface = os.environ.get("DDP_NETWORK_INTERFACE", "")
     return {
@@ -179,7 +211,9 @@ def local_report(env: DistEnv, placement: Placement) -> dict[str, Any]:
         "node_rank": env.node_rank,
         "versions": versions(placement),
         "devices": device_count(placement),
-        "variables": health.steering_variables(os.environ, interface, _node_addresses(interface)),
+        "variables": health.steering_variables(
+            _users_environ or os.environ, interface, _node_addresses(interface)
+        ),
     }
 
 
@@ -232,41 +266,88 @@ def _synchronizer(kind: str) -> Callable[[], None]:
     return lambda: None
 
 
+def device_interface(local_rank: int, environ: Mapping[str, str] | None = None) -> str | None:
+    """The interface this rank's gloo pairs use: the ``local_rank``-th of ``DDP_GLOO_DEVICE_IFNAMES`` (cpu
+    servers with one NIC per process: what a device's own NIC is on npu and gpu), None when unset."""
+    names = [name.strip() for name in (environ or os.environ).get(GLOO_DEVICE_IFNAMES, "").split(",")]
+    names = [name for name in names if name]
+    if not names:
+        return None
+    if local_rank >= len(names):
+        raise DdpClusterError(
+            f"{GLOO_DEVICE_IFNAMES}={','.join(names)} names {len(names)} interface(s), local rank"
+            f" {local_rank} has none: name one per process of the node"
+        )
+    return names[local_rank]
+
+
 def measure_pairs(
-    measure: Measure, reports: Sequence[dict[str, Any]], rank: int, nbytes: int
+    measure: Measure, reports: Sequence[dict[str, Any]], rank: int, nbytes: int, backend: str = "gloo"
 ) -> list[dict[str, Any]]:
-    """All-reduces between the first ranks of neighbouring nodes on the ring, phase by phase; every rank takes
-    part in making the groups and in the barriers, and receives every pair's figure."""
-    leaders: dict[int, dict[str, Any]] = {}
+    """All-reduces between the same device (local rank) of neighbouring nodes on the ring: every device's
+    own link, phase by phase, every device of a phase at once (each device has its own NIC: on npu and gpu the
+    collective library picks it). Every rank takes part in making the groups and in the barriers, and
+    receives every pair's figure."""
+    by_node: dict[int, dict[int, dict[str, Any]]] = {}
     for report in reports:
-        if report["local_rank"] == 0:
-            leaders.setdefault(int(report["node_rank"]), report)
-    order = [leaders[index] for index in sorted(leaders)]
+        by_node.setdefault(int(report["node_rank"]), {}).setdefault(int(report["local_rank"]), report)
+    order = [by_node[index] for index in sorted(by_node)]
+    devices = sorted(set.intersection(*(set(node) for node in order))) if order else []
     pairs = health.ring_pairs(len(order))
-    groups = [dist.new_group([order[a]["rank"], order[b]["rank"]]) for a, b in pairs]
-    mine: list[dict[str, Any]] = []
+    mine = next(report for report in reports if int(report["rank"]) == rank)
+    interface = device_interface(int(mine["local_rank"])) if backend == "gloo" else None
+    groups: dict[tuple[int, int], Any] = {}
+    saved = os.environ.get("GLOO_SOCKET_IFNAME")
+    try:
+        if interface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface  # read when each gloo group is made
+        for index, (a, b) in enumerate(pairs):
+            for device in devices:
+                members = [int(order[a][device]["rank"]), int(order[b][device]["rank"])]
+                # Every rank makes every group (torch's use_local_synchronization hangs gloo's second group).
+                group = dist.new_group(members)
+                if rank in members:
+                    groups[(index, device)] = group
+    finally:
+        if interface is not None:
+            if saved is None:
+                os.environ.pop("GLOO_SOCKET_IFNAME", None)
+            else:
+                os.environ["GLOO_SOCKET_IFNAME"] = saved
+    rows: list[dict[str, Any]] = []
     for phase in health.ring_phases(len(order)):
         for index in phase:
             a, b = pairs[index]
-            if rank in (order[a]["rank"], order[b]["rank"]):
-                seconds, iterations = measure.allreduce(nbytes, groups[index])
-                row = health.allreduce_row(nbytes, seconds, 2, iterations)
-                mine.append({"a": order[a]["node"], "b": order[b]["node"], **row})
+            for device in devices:
+                if (index, device) in groups:
+                    seconds, iterations = measure.allreduce(nbytes, groups[(index, device)])
+                    row = health.allreduce_row(nbytes, seconds, 2, iterations)
+                    rows.append(
+                        {
+                            "a": order[a][device]["node"],
+                            "b": order[b][device]["node"],
+                            "device": device,
+                            **row,
+                        }
+                    )
         dist.barrier()
     everyone: list[list[dict[str, Any]]] = [[] for _ in reports]
-    dist.all_gather_object(everyone, mine)
-    seen: dict[tuple[str, str], dict[str, Any]] = {}
-    for rows in everyone:
-        for row in rows:
-            seen.setdefault((row["a"], row["b"]), row)
+    dist.all_gather_object(everyone, rows)
+    seen: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for found in everyone:
+        for row in found:
+            seen.setdefault((row["a"], row["b"], row["device"]), row)
     return [
-        seen[(order[a]["node"], order[b]["node"])]
+        seen[key]
+        for device in devices
         for a, b in pairs
-        if (order[a]["node"], order[b]["node"]) in seen
+        if (key := (order[a][device]["node"], order[b][device]["node"], device)) in seen
     ]
 
 
-def run_gate(args: argparse.Namespace, env: DistEnv, placement: Placement) -> dict[str, Any] | None:
+def run_gate(
+    args: argparse.Namespace, env: DistEnv, placement: Placement, nccl_logs: Path | None = None
+) -> dict[str, Any] | None:
     started = time.perf_counter()
     reports: list[dict[str, Any]] = [{} for _ in range(env.world_size)]
     dist.all_gather_object(reports, local_report(env, placement))
@@ -279,7 +360,9 @@ def run_gate(args: argparse.Namespace, env: DistEnv, placement: Placement) -> di
     checks: list[dict[str, Any]] = [{} for _ in range(env.world_size)]
     dist.all_gather_object(checks, check)
     wrong = [rank for rank, result in enumerate(checks) if not result["ok"]]
-    pairs = measure_pairs(measure, reports, env.rank, args.sizes[-1])
+    pairs = measure_pairs(measure, reports, env.rank, args.sizes[-1], placement.backend)
+    fabrics: list[dict[str, Any] | None] = [None for _ in range(env.world_size)]
+    dist.all_gather_object(fabrics, node_fabric(env, placement, nccl_logs))
     if env.rank != 0:
         return None
     nodes = list(dict.fromkeys(str(report["node"]) for report in sorted(reports, key=lambda r: r["rank"])))
@@ -301,6 +384,7 @@ def run_gate(args: argparse.Namespace, env: DistEnv, placement: Placement) -> di
             "got": [checks[rank]["got"] for rank in wrong],
         },
         "pairs": pairs,
+        "fabric": [found for found in fabrics if found is not None],
     }
     result["seconds"] = round(time.perf_counter() - started, 3)
     result["verdict"] = health.verdict(result)
@@ -313,8 +397,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         env = resolve_dist_env()
         placement = select_placement(requested_device(), "auto", env)
+        nccl_logs = args.output_dir / "nccl" if placement.backend == "nccl" else None
+        if nccl_logs is not None:
+            log_nccl_transport(nccl_logs)
         with process_group(env, placement, args.dist_timeout):
-            result = run_gate(args, env, placement)
+            result = run_gate(args, env, placement, nccl_logs)
     except DdpClusterError as error:
         print(f"ddp_cluster.gate: {where(env)}: error: {error}", file=sys.stderr, flush=True)
         return 2

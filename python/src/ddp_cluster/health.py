@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddp_cluster import fabric
+
 HEALTH_FILE = "health.json"
 # The variables that steer collectives, compared across ranks (with the versions and the device count).
 STEERING = re.compile(
@@ -185,92 +187,162 @@ class Thresholds:
             raise ValueError(f"floor_gbps={self.floor_gbps} must be 0 (no floor) or more")
 
 
+def _device(pair: Mapping[str, Any]) -> int:
+    return int(pair.get("device", 0))
+
+
+def _unit_name(unit: tuple[str, int], devices: int) -> str:
+    """A node's device as the report names it: ``node X device 5``, or ``node X`` with one device per node."""
+    return f"node {unit[0]}" + (f" device {unit[1]}" if devices > 1 else "")
+
+
+def _pair_name(pair: Mapping[str, Any], devices: int) -> str:
+    if devices > 1:
+        return f"{pair['a']} device {_device(pair)} <-> {pair['b']} device {_device(pair)}"
+    return f"{pair['a']} <-> {pair['b']}"
+
+
+def _units_link(ends: tuple[tuple[str, int], tuple[str, int]], devices: int) -> str:
+    a, b = ends
+    if devices > 1:
+        return f"{a[0]} device {a[1]} <-> {b[0]} device {b[1]}"
+    return f"{a[0]} <-> {b[0]}"
+
+
 def judge_pairs(
     nodes: Sequence[str], pairs: Sequence[Mapping[str, Any]], thresholds: Thresholds
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Each node's figure (the busbw of its best pair: a slow node has no good pair, a node next to it still
-    has one) and the problems.
+    """Each node device's figure (the busbw of its best pair: a slow device has no good pair, the device next
+    to it on the ring still has one) and the problems. A pair joins the same device (local rank) of two
+    neighbouring nodes, so every device's own link is measured; with one process per node a unit is a node.
 
-    A node below ``fraction`` x the median of the nodes' figures, or below the floor, is a candidate. It is
+    A unit below ``fraction`` x the median of every unit's figure, or below the floor, is a candidate. It is
     named slow when one of its partners is not a candidate: that partner reached a good figure elsewhere, so
-    their slow pair is this node's doing. A candidate whose partners are all candidates too (a healthy node
-    between two slow ones) cannot be told from them: it is named as undetermined, never as slow. Every node
-    below the floor is one problem of the whole fabric. Then the pairs below ``fraction`` x the median pair,
-    or below the floor, that no candidate explains are named as slow links. With two nodes there is one pair
-    and no peer to compare with: only the floor can fail it, as a link. The comparison with the median needs
-    most nodes healthy; the floor does not."""
-    figures: dict[str, float] = {}
-    partners: dict[str, set[str]] = {}
+    their slow pair is this unit's doing. A node whose every device is slow is named as a slow node. A
+    candidate whose partners are all candidates too (a healthy unit between two slow ones) cannot be told
+    from them: it is named as undetermined, never as slow; on a ring of two nodes, where each unit has one
+    partner, that pair is named as a slow link. Every unit below the floor is one problem of the whole
+    fabric. Then the pairs below ``fraction`` x the median pair, or below the floor, that no candidate
+    explains are named as slow links. With two nodes and one device each there is one pair and no peer to
+    compare with: only the floor can fail it, as a link. The comparison with the median needs most units
+    healthy; the floor does not."""
+    devices = len({_device(pair) for pair in pairs}) or 1
+    figures: dict[tuple[str, int], float] = {}
+    partners: dict[tuple[str, int], set[tuple[str, int]]] = {}
     for pair in pairs:
-        for node, other in ((pair["a"], pair["b"]), (pair["b"], pair["a"])):
-            figures[node] = max(figures.get(node, 0.0), float(pair["busbw_gbps"]))
-            partners.setdefault(node, set()).add(other)
+        device = _device(pair)
+        a, b = (str(pair["a"]), device), (str(pair["b"]), device)
+        for unit, other in ((a, b), (b, a)):
+            figures[unit] = max(figures.get(unit, 0.0), float(pair["busbw_gbps"]))
+            partners.setdefault(unit, set()).add(other)
     problems: list[str] = []
     if not figures:
         return [], problems
     median = statistics.median(figures.values())
-    reasons: dict[str, list[str]] = {}
-    for node, figure in figures.items():
+    unit_kind = "device" if devices > 1 else "node"
+    reasons: dict[tuple[str, int], list[str]] = {}
+    for unit, figure in figures.items():
         found = []
         if len(figures) > 2 and figure < thresholds.fraction * median:
-            found.append(f"{thresholds.fraction:g} x the median node ({median:.3f} GB/s)")
+            found.append(f"{thresholds.fraction:g} x the median {unit_kind} ({median:.3f} GB/s)")
         if len(figures) > 2 and thresholds.floor_gbps and figure < thresholds.floor_gbps:
             found.append(f"the floor of {thresholds.floor_gbps:g} GB/s")
         if found:
-            reasons[node] = found
+            reasons[unit] = found
     candidates = set(reasons)
+    order = sorted(
+        figures, key=lambda unit: (nodes.index(unit[0]) if unit[0] in nodes else len(nodes), unit[1])
+    )
     if candidates and candidates == set(figures):
-        # Every node is below the floor: the fabric itself, or every node, is slow; no node to single out.
+        # Every unit is below the floor: the fabric itself, or every node, is slow; no node to single out.
         best = max(figures.values())
         problems.append(
             f"every pair is below the floor of {thresholds.floor_gbps:g} GB/s (the best reached"
             f" {best:.3f} GB/s busbw): the fabric, or every node, is slower than the inventory expects"
         )
-        rows = [
-            {"node": node, "best_pair_busbw_gbps": figures[node], "slow": True, "verdict": "slow"}
-            for node in nodes
-            if node in figures
-        ]
+        rows = [_figure_row(unit, figures[unit], "slow") for unit in order]
         return rows, problems
-    node_rows: list[dict[str, Any]] = []
-    for node in nodes:
-        if node not in figures:
+    verdicts: dict[tuple[str, int], str] = {}
+    for unit in order:
+        if unit in candidates:
+            verdicts[unit] = "slow" if partners[unit] - candidates else "undetermined"
+        else:
+            verdicts[unit] = "ok"
+    explained: set[tuple[tuple[str, int], tuple[str, int]]] = set()
+    for node in dict.fromkeys(unit[0] for unit in order):
+        units = [unit for unit in order if unit[0] == node]
+        if all(verdicts[unit] == "slow" for unit in units):
+            best = max(figures[unit] for unit in units)
+            every = " on every device" if devices > 1 else ""
+            problems.append(
+                f"node {node} is slow{every}: its best pair reached {best:.3f} GB/s busbw,"
+                f" below {' and '.join(reasons[max(units, key=lambda unit: figures[unit])])}"
+            )
             continue
-        verdict = "ok"
-        if node in candidates:
-            verdict = "slow" if partners[node] - candidates else "undetermined"
-            if verdict == "slow":
+        for unit in units:
+            if verdicts[unit] == "slow":
                 problems.append(
-                    f"node {node} is slow: its best pair reached {figures[node]:.3f} GB/s busbw,"
-                    f" below {' and '.join(reasons[node])}"
+                    f"{_unit_name(unit, devices)} is slow: its best pair reached {figures[unit]:.3f} GB/s"
+                    f" busbw, below {' and '.join(reasons[unit])}"
                 )
-            else:
+            elif verdicts[unit] == "undetermined":
+                others = sorted(partners[unit])
+                if len(others) == 1 and partners.get(others[0]) == {unit}:
+                    # Two nodes: this unit's one pair is slow, and either end may be the cause.
+                    ends = (min(unit, others[0]), max(unit, others[0]))
+                    if ends not in explained:
+                        explained.add(ends)
+                        problems.append(
+                            f"the link {_units_link(ends, devices)} is slow: {figures[unit]:.3f} GB/s busbw,"
+                            f" below {' and '.join(reasons[unit])}"
+                        )
+                    continue
+                named = ", ".join(_unit_name(other, devices).removeprefix("node ") for other in others)
                 problems.append(
-                    f"node {node} could not be judged: its partners ({', '.join(sorted(partners[node]))}) are"
-                    f" slow too, and its best pair reached {figures[node]:.3f} GB/s busbw"
+                    f"{_unit_name(unit, devices)} could not be judged: its partners ({named}) are slow too,"
+                    f" and its best pair reached {figures[unit]:.3f} GB/s busbw"
                 )
-        node_rows.append(
-            {
-                "node": node,
-                "best_pair_busbw_gbps": figures[node],
-                "slow": verdict == "slow",
-                "verdict": verdict,
-            }
-        )
+    rows = [_figure_row(unit, figures[unit], verdicts[unit]) for unit in order]
     pair_median = statistics.median(float(pair["busbw_gbps"]) for pair in pairs)
     for pair in pairs:
         figure = float(pair["busbw_gbps"])
+        pair_ends = {(str(pair["a"]), _device(pair)), (str(pair["b"]), _device(pair))}
         found = []
         if len(pairs) > 2 and figure < thresholds.fraction * pair_median:
             found.append(f"{thresholds.fraction:g} x the median pair ({pair_median:.3f} GB/s)")
         if thresholds.floor_gbps and figure < thresholds.floor_gbps:
             found.append(f"the floor of {thresholds.floor_gbps:g} GB/s")
-        if found and not {pair["a"], pair["b"]} & candidates:
+        if found and not pair_ends & candidates:
             problems.append(
-                f"the link {pair['a']} <-> {pair['b']} is slow: {figure:.3f} GB/s busbw,"
+                f"the link {_pair_name(pair, devices)} is slow: {figure:.3f} GB/s busbw,"
                 f" below {' and '.join(found)}"
             )
-    return node_rows, problems
+    return rows, problems
+
+
+def _figure_row(unit: tuple[str, int], figure: float, verdict: str) -> dict[str, Any]:
+    return {
+        "node": unit[0],
+        "device": unit[1],
+        "best_pair_busbw_gbps": figure,
+        "slow": verdict == "slow",
+        "verdict": verdict,
+    }
+
+
+def fabric_problems(found: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Nodes whose NCCL fell back to sockets though they have InfiniBand/RoCE adapters with active ports."""
+    problems = []
+    for node in found:
+        problem = fabric.fabric_problem(
+            str(node.get("node", "?")),
+            fabric.Transport.from_dict(node.get("transport") or {}),
+            [fabric.Hca.from_dict(hca) for hca in node.get("hcas") or []],
+            node.get("rdma_devices"),
+        )
+        if problem:
+            problems.append(problem)
+    return problems
 
 
 def parity_problems(differences: Sequence[Difference]) -> list[str]:
@@ -307,6 +379,7 @@ def verdict(health: Mapping[str, Any]) -> dict[str, Any]:
     nodes = [str(node) for node in health.get("nodes", [])]
     node_rows, pair_problems = judge_pairs(nodes, health.get("pairs", []), thresholds)
     problems += pair_problems
+    problems += fabric_problems(health.get("fabric") or [])
     return {
         "passed": not problems,
         "problems": problems,
@@ -358,18 +431,27 @@ def render(health: Mapping[str, Any]) -> str:
             f"  {row['bytes']:>12} {row['count']:>10} {row['iterations']:>6} {row['time_us']:>12.1f}"
             f" {row['algbw_gbps']:>13.3f} {row['busbw_gbps']:>13.3f}"
         )
+    for node in health.get("fabric") or []:
+        transport = fabric.Transport.from_dict(node.get("transport") or {})
+        adapters = ", ".join(hca["name"] for hca in node.get("hcas") or []) or "none"
+        lines.append(
+            f"network: node {node.get('node')}: NCCL {fabric.render_transport(transport)};"
+            f" InfiniBand/RoCE adapters: {adapters}"
+        )
     pairs = health.get("pairs") or []
     if pairs:
         thresholds = health.get("thresholds", {})
+        devices = len({_device(pair) for pair in pairs}) or 1
+        between = "two nodes' first ranks" if devices == 1 else "the same device (local rank) of two nodes"
         lines.append(
-            f"ring pairs (all-reduce of {pairs[0]['bytes']} B between two nodes' first ranks; fails below"
+            f"ring pairs (all-reduce of {pairs[0]['bytes']} B between {between}; fails below"
             f" {float(thresholds.get('fraction', 0.5)):g} x the median"
             + (f" or {float(thresholds['floor_gbps']):g} GB/s" if thresholds.get("floor_gbps") else "")
             + "):"
         )
-        for pair in pairs:
+        for pair in sorted(pairs, key=_device):
             lines.append(
-                f"  {pair['a'] + ' <-> ' + pair['b']:<40} {pair['time_us']:>12.1f} us"
+                f"  {_pair_name(pair, devices):<40} {pair['time_us']:>12.1f} us"
                 f" {pair['busbw_gbps']:>10.3f} GB/s"
             )
     elif len(health.get("nodes", [])) < 2:
