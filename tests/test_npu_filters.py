@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
@@ -152,14 +151,6 @@ def test_port_ranges_reject_nonsense() -> None:
         filters.port_ranges("60015-60000")
     with pytest.raises(AnsibleFilterError):
         filters.port_ranges("http")
-
-
-def test_rank_table_json_keeps_the_vendor_key_order() -> None:
-    text = filters.rank_table_json(plan(), "ai-server1")
-    table = json.loads(text)
-    assert list(table) == ["version", "server_count", "server_list", "status"]
-    assert [s["server_id"] for s in table["server_list"]] == ["10.10.0.11", "10.10.0.10"]
-    assert text.endswith("}\n")
 
 
 def test_node_addresses_are_ip_addresses_names_resolved_on_the_controller() -> None:

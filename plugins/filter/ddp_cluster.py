@@ -1,13 +1,12 @@
-"""Filters over the ``ddp_cluster`` package: NPU device-IP plans, HCCL rank tables, hccn_tool output, port ranges.
+"""Filters over the ``ddp_cluster`` package: NPU device-IP plans, hccn_tool output, port ranges, node addresses.
 
-The playbooks call the same code as ``ddp-cluster ip-plan check`` and ``ddp-cluster rank-table``. The package is
+The playbooks call the same code as ``ddp-cluster ip-plan check`` and ``ddp-cluster hccn``. The package is
 imported from ``python/src`` next to this file when it is not installed, so the controller needs no install.
 
 Plans built from the inventory (every host of the group contributes one server)::
 
     {{ hostvars | ddp_npu_plan_check(groups['nodes'], npu_product, npu_device_netmask) }}   -> violations
     {{ hostvars | ddp_npu_plan(groups['nodes'], npu_product, npu_device_netmask) }}         -> plan, seeds expanded
-    {{ plan | ddp_rank_table_json(master='ai-server0') }}                                   -> rank table text
     {{ plan | ddp_hccn_device_settings(inventory_hostname, detect_ips, gateways) }}         -> per-device settings
 
 Per host, the inventory gives ``npu_host_ip`` (default: ``ansible_host``, else the inventory name) and either
@@ -30,10 +29,10 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 try:
-    from ddp_cluster import hccn, ipplan, ranktable
+    from ddp_cluster import hccn, ipplan
 except ImportError:  # a checkout without the package installed: use the sources next to this plugin
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster import hccn, ipplan, ranktable
+    from ddp_cluster import hccn, ipplan
 
 HOST_IP_VAR = "npu_host_ip"
 DEVICE_IPS_VAR = "npu_device_ips"
@@ -168,19 +167,6 @@ def violation_report(
 ) -> str:
     """violation_lines as one text block, each line indented (for an assert's fail_msg)."""
     return "\n".join(indent + line for line in violation_lines(violations, severity))
-
-
-def rank_table(plan: Any, master: str | None = None) -> dict[str, Any]:
-    """The version 1.0 rank table of a plan (master: host name or host_ip of rank 0's server)."""
-    try:
-        return ranktable.rank_table_dict(_plain(plan), master=_plain(master) or None)
-    except (ipplan.PlanError, ranktable.RankTableError) as exc:
-        raise AnsibleFilterError(f"no rank table: {exc}") from None
-
-
-def rank_table_json(plan: Any, master: str | None = None) -> str:
-    """The rank table as hccl_tools.py writes it (4-space indent, keys in its order, final newline)."""
-    return ranktable.dumps(rank_table(plan, master))
 
 
 def hccn_device_settings(plan: Any, host: str, detect_ips: Any = None, gateways: Any = None) -> list[dict[str, Any]]:
@@ -323,8 +309,6 @@ class FilterModule:
             "ddp_ip_plan_expand": ip_plan_expand,
             "ddp_ip_plan_lines": violation_lines,
             "ddp_ip_plan_report": violation_report,
-            "ddp_rank_table": rank_table,
-            "ddp_rank_table_json": rank_table_json,
             "ddp_hccn_device_settings": hccn_device_settings,
             "ddp_hccn_fields": hccn_fields,
             "ddp_hccn_changes": hccn_changes,

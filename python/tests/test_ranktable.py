@@ -12,7 +12,7 @@ import yaml
 
 from ddp_cluster import ranktable
 from ddp_cluster.ipplan import load_plan, plan_from_dict
-from ddp_cluster.ranktable import RankTableError, dumps, rank_table, rank_table_dict
+from ddp_cluster.ranktable import RankTableError, dumps, rank_table
 
 DATA = Path(__file__).parent / "data"
 
@@ -111,7 +111,7 @@ def test_warnings_do_not_block() -> None:
             {"host_ip": "172.16.0.2", "device_ip_seed": "10.0.0.20", "device_count": 2},
         ],
     }
-    table = rank_table_dict(data)
+    table = rank_table(plan_from_dict(data))
     assert ranks_by_server(table) == [
         ("172.16.0.1", [str(r) for r in range(8)]),
         ("172.16.0.2", ["8", "9"]),

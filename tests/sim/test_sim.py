@@ -597,7 +597,8 @@ def test_ascend_hosts_stage_runs_on_the_doubles(ascend_cluster: PlaybookResult) 
         assert on_server(server, "sysctl -n net.ipv4.ip_local_reserved_ports").stdout.strip() == "60000-60015"
         devices = on_node(server, "ls /dev/davinci0 /dev/davinci7 /dev/davinci_manager /dev/devmm_svm /dev/hisi_hdc")
         assert len(devices.stdout.split()) == 5
-        assert on_node(server, "cat /etc/ddp-cluster/node/rank_table.json").stdout.count('"device_ip"') >= 2
+        # No whole-cluster rank table in the node's settings directory: each job writes its own.
+        assert on_node(server, "test ! -e /etc/ddp-cluster/node/rank_table.json", check=False).returncode == 0
 
 
 def test_ascend_node_gets_what_real_training_needs(ascend_cluster: PlaybookResult) -> None:

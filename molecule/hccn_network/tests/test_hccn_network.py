@@ -1,4 +1,4 @@
-"""The device network the hccn_network role leaves: planned addresses, set once, healthy, and the rank table."""
+"""The device network the hccn_network role leaves: planned addresses, set once, healthy; no rank table."""
 
 import json
 import os
@@ -34,7 +34,6 @@ PLAN = {
     ],
 }
 PEER = {"hccn0": "hccn1", "hccn1": "hccn0"}
-HOST_IP = {"hccn0": "10.10.0.10", "hccn1": "10.10.0.11"}
 # Devices prepare.yml left correctly configured: the role must not set them.
 PRECONFIGURED = {"hccn0": {0}, "hccn1": set()}
 
@@ -88,16 +87,6 @@ def test_every_device_was_read_before_the_first_set(host):
     assert read_before == set(range(8))
 
 
-def test_rank_table_lists_both_servers_master_first(host):
-    table_file = host.file("/var/lib/ddp-cluster/" + host.backend.get_hostname() + "/etc/rank_table.json")
-    assert table_file.mode == 0o644
-    assert table_file.user == "root"
-    table = json.loads(table_file.content_string)
-    assert table["version"] == "1.0"
-    assert table["status"] == "completed"
-    assert table["server_count"] == "2"
-    assert [server["server_id"] for server in table["server_list"]] == [HOST_IP["hccn0"], HOST_IP["hccn1"]]
-    ranks = [device for server in table["server_list"] for device in server["device"]]
-    assert [device["rank_id"] for device in ranks] == [str(rank) for rank in range(16)]
-    assert [device["device_ip"] for device in ranks] == PLAN["hccn0"] + PLAN["hccn1"]
-    assert [device["device_id"] for device in ranks] == [str(d) for d in range(8)] * 2
+def test_no_whole_cluster_rank_table_is_left(host, name):
+    """Each job writes its own table; the one an earlier version wrote (prepare.yml leaves it on hccn0) is gone."""
+    assert not host.file(f"/var/lib/ddp-cluster/{name}/etc/rank_table.json").exists

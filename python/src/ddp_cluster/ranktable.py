@@ -200,11 +200,6 @@ def job_rank_table_dict(
     return job_rank_table(plan_from_dict(data), list(nodes), int(nproc_per_node), visible)
 
 
-def rank_table_dict(data: Any, master: str | None = None) -> dict[str, Any]:
-    """rank_table for plain plan data, as an Ansible filter plugin calls it (PlanError, RankTableError)."""
-    return rank_table(plan_from_dict(data), master=master)
-
-
 def dumps(table: dict[str, Any]) -> str:
     """The JSON text, indented like hccl_tools.py's output, with a final newline."""
     return json.dumps(table, indent=4) + "\n"
