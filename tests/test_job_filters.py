@@ -137,16 +137,19 @@ def test_unknown_launcher_or_device_or_no_network_is_refused() -> None:
 def test_probe_and_networks() -> None:
     probe = filters.ddp_job_probe(
         "interface: eth1\naddress: 172.30.99.10/24\naddress: 10.1.2.3/16\nlistening: LISTEN 0 128 *:29501 *:*\n"
+        "cpu-binding: 0=144-167;1=144-167\n"
     )
     assert probe == {
         "interface": "eth1",
         "addresses": ["172.30.99.10/24", "10.1.2.3/16"],
         "listening": "LISTEN 0 128 *:29501 *:*",
+        "cpu_binding": "0=144-167;1=144-167",
     }
     assert filters.ddp_job_probe("interface: eth9\nlistening: \n") == {
         "interface": "eth9",
         "addresses": [],
         "listening": "",
+        "cpu_binding": "",
     }
     assert filters.ddp_job_networks(["172.30.99.10/24", "172.30.99.11/24", "10.1.2.3/16"]) == [
         "172.30.99.0/24",
@@ -177,3 +180,24 @@ def test_a_report_keeps_every_line_printable_as_a_block() -> None:
     assert filters.ddp_report_text(lines) == (
         "job j1 failed: a rank exited with an error\nTraceback:  (most recent call last)\nbell end\n3"
     )
+
+
+def test_each_device_pings_its_counterpart_on_the_next_server() -> None:
+    plan = {
+        "servers": [
+            {"host": "a", "device_ips": ["192.168.100.1", "192.168.101.1", "192.168.102.1"]},
+            {"host": "b", "device_ips": ["192.168.100.2", "192.168.101.2", "192.168.102.2"]},
+            {"host": "c", "device_ips": ["192.168.100.3", "192.168.101.3", "192.168.102.3"]},
+        ]
+    }
+    targets = filters.ddp_hccn_ping_targets(plan, ["a", "b", "c"], 2, {"a": "", "b": "1,2", "c": ""})
+    assert [(t["device"], t["peer"], t["peer_device"], t["address"]) for t in targets["a"]] == [
+        (0, "b", 1, "192.168.101.2"),
+        (1, "b", 2, "192.168.102.2"),
+    ]
+    assert [t["address"] for t in targets["c"]] == ["192.168.100.1", "192.168.101.1"]
+    assert filters.ddp_hccn_ping_targets(plan, ["a"], 2, {}) == {"a": []}
+    with pytest.raises(AnsibleFilterError, match="b has no address for device 1 in the device-IP plan"):
+        filters.ddp_hccn_ping_targets(
+            {"servers": [{"host": "a", "device_ips": ["x"] * 3}, {"host": "b", "device_ips": ["y"]}]}, ["a", "b"], 3, {}
+        )

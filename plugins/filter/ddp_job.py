@@ -34,14 +34,17 @@ def ddp_split_args(value: Any) -> list[str]:
 
 def ddp_job_probe(text: Any) -> dict[str, Any]:
     """What the node probe printed (``key: value`` lines): the node's interface, its IPv4 addresses on it (CIDR
-    form) and whatever listens on the master port."""
-    probe: dict[str, Any] = {"interface": "", "addresses": [], "listening": ""}
+    form), whatever listens on the master port, and the CPUs each device's ranks are bound to (DDP_CPU_BINDING,
+    empty when unbound)."""
+    probe: dict[str, Any] = {"interface": "", "addresses": [], "listening": "", "cpu_binding": ""}
     for line in str(text or "").splitlines():
         key, _, value = line.partition(": ")
         if key == "interface":
             probe["interface"] = value.strip()
         elif key == "address" and value.strip():
             probe["addresses"].append(value.strip())
+        elif key == "cpu-binding":
+            probe["cpu_binding"] = value.strip()
         elif key == "listening":
             probe["listening"] = (probe["listening"] + "\n" + value.strip()).strip()
     return probe
@@ -83,6 +86,45 @@ def ddp_job_visible_devices(hostvars: Mapping[str, Any], nodes: Sequence[str]) -
         value = env.get("ASCEND_RT_VISIBLE_DEVICES", "") if isinstance(env, Mapping) else ""
         visible[str(node)] = str(value or "")
     return visible
+
+
+def ddp_hccn_ping_targets(
+    plan: Mapping[str, Any], nodes: Sequence[str], nproc_per_node: Any, visible: Mapping[str, str]
+) -> dict[str, list[dict[str, Any]]]:
+    """For each of the job's nodes, the devices to ping with hccn_tool: each of its job's devices (the first
+    nproc_per_node of its ASCEND_RT_VISIBLE_DEVICES, else 0..nproc_per_node-1) to the same device of the next
+    node on the ring (with two nodes, each the other), at the address the device-IP plan gives that device."""
+    addresses = {str(server["host"]): list(server.get("device_ips") or []) for server in plan.get("servers", [])}
+    count = int(nproc_per_node)
+
+    def devices(node: str) -> list[int]:
+        listed = [part.strip() for part in str(visible.get(node) or "").split(",") if part.strip()]
+        return [int(part) for part in listed[:count]] if listed else list(range(count))
+
+    targets: dict[str, list[dict[str, Any]]] = {}
+    order = [str(node) for node in nodes]
+    for index, node in enumerate(order):
+        peer = order[(index + 1) % len(order)]
+        targets[node] = []
+        if peer == node:
+            continue
+        for local, (device, peer_device) in enumerate(zip(devices(node), devices(peer), strict=False)):
+            peer_ips = addresses.get(peer, [])
+            if peer_device >= len(peer_ips):
+                raise AnsibleFilterError(
+                    f"{peer} has no address for device {peer_device} in the device-IP plan (npu_device_ips or"
+                    " npu_device_ip_seed with npu_device_count)"
+                )
+            targets[node].append(
+                {
+                    "device": device,
+                    "local_rank": local,
+                    "peer": peer,
+                    "peer_device": peer_device,
+                    "address": peer_ips[peer_device],
+                }
+            )
+    return targets
 
 
 def _launch(
@@ -146,6 +188,7 @@ class FilterModule:
             "ddp_split_args": ddp_split_args,
             "ddp_report_text": ddp_report_text,
             "ddp_job_probe": ddp_job_probe,
+            "ddp_hccn_ping_targets": ddp_hccn_ping_targets,
             "ddp_job_networks": ddp_job_networks,
             "ddp_job_rank_table": ddp_job_rank_table,
             "ddp_job_visible_devices": ddp_job_visible_devices,

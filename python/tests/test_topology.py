@@ -408,3 +408,28 @@ def test_the_doubles_variants_through_the_parsers(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"gpus": {"0": {"cpu_affinity": "N/A"}}}))
     with pytest.raises(TopologyError, match="GPU0"):
         gpu_affinity(run_double(tmp_path, "nvidia-smi", "topo", "-m"))
+
+
+def test_a_rank_binds_itself_to_its_devices_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from ddp_cluster.errors import DeviceError
+    from ddp_cluster.topology import bind_rank
+
+    before = os.sched_getaffinity(0)
+    mine = min(before)
+    environ = {
+        "DDP_CPU_BINDING": f"0=999;3={mine}",
+        "DDP_ACCELERATOR": "npu",
+        "ASCEND_RT_VISIBLE_DEVICES": "0,3",
+    }
+    try:
+        said = bind_rank(1, environ)
+        assert said == f"local rank 1 on device 3: bound to CPUs {mine} (DDP_CPU_BINDING)"
+        assert os.sched_getaffinity(0) == {mine}
+        outside = "device 0's CPUs 999 are all outside .*cluster_cpu_binding: none"
+        with pytest.raises(DeviceError, match=outside):
+            bind_rank(0, environ)
+        assert bind_rank(0, {}) is None
+    finally:
+        os.sched_setaffinity(0, before)

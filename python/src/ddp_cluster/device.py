@@ -168,3 +168,13 @@ def _share_cpu_cores(env: DistEnv) -> None:
     if env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(max(1, cores // env.local_world_size))
+
+
+def announce_binding(env: DistEnv) -> None:
+    """Bind this rank to its device's CPUs where the node asks for it
+    (:func:`ddp_cluster.topology.bind_rank`), and say so in its log."""
+    from ddp_cluster.topology import bind_rank
+
+    said = bind_rank(env.local_rank)
+    if said:
+        print(f"{where(env)}: {said}", flush=True)

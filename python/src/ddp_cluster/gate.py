@@ -34,7 +34,7 @@ import torch.distributed as dist
 import ddp_cluster
 from ddp_cluster import fabric, health
 from ddp_cluster.atomic import write_atomic
-from ddp_cluster.device import Placement, requested_device, select_placement, where
+from ddp_cluster.device import Placement, announce_binding, requested_device, select_placement, where
 from ddp_cluster.distenv import DistEnv, resolve_dist_env
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.finish import exit_process
@@ -396,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env: DistEnv | None = None
     try:
         env = resolve_dist_env()
+        announce_binding(env)
         placement = select_placement(requested_device(), "auto", env)
         nccl_logs = args.output_dir / "nccl" if placement.backend == "nccl" else None
         if nccl_logs is not None:

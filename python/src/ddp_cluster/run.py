@@ -31,8 +31,14 @@ USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]
 
 def export_torchrun_variables() -> dict[str, str]:
     """Resolve this process's place in the job and export it the way torchrun does; returns what was set."""
-    variables = resolve_dist_env().torchrun_variables()
+    env = resolve_dist_env()
+    variables = env.torchrun_variables()
     os.environ.update(variables)
+    from ddp_cluster.topology import bind_rank  # standard library only, like this module
+
+    said = bind_rank(env.local_rank)
+    if said:
+        print(f"ddp_cluster.run: rank {env.rank}: {said}", flush=True)
     return variables
 
 

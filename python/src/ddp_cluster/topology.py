@@ -19,8 +19,11 @@ carries that to the ranks as one line (``0=144-167;1=144-167``), :func:`parse_bi
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
+
+from ddp_cluster.errors import DeviceError
 
 # npu-smi labels its chips NPU<n>, or Phy-ID<n> on A3 servers.
 NPU_LABEL = re.compile(r"(?:NPU|Phy-ID)(\d+)")
@@ -236,3 +239,36 @@ def rank_cpus(binding: Mapping[int, tuple[int, ...]], device: int, allowed: set[
             f"process may use ({format_cpu_list(allowed) or 'none'})"
         )
     return cpus
+
+
+BINDING_VARIABLE = "DDP_CPU_BINDING"
+UNBOUND = "set cluster_cpu_binding: none to run unbound"
+# The variable that lists a rank's devices, by the accelerator of the cluster (DDP_ACCELERATOR in node.env).
+VISIBLE_VARIABLE = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "gpu": "CUDA_VISIBLE_DEVICES"}
+
+
+def bind_rank(local_rank: int, environ: Mapping[str, str] | None = None) -> str | None:
+    """Bind this process to the CPUs of its device's NUMA node: ``DDP_CPU_BINDING`` (device=cpus;..., written
+    into node.env from the vendor's topology where cluster_cpu_binding is numa), the device being the
+    local_rank-th visible one. Returns what was done, for the rank's log (None: no binding asked for);
+    DeviceError naming the device and the CPUs when it cannot be done."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(BINDING_VARIABLE, "").strip()
+    if not text:
+        return None
+    accelerator = environ.get("DDP_ACCELERATOR", "")
+    visible_name = VISIBLE_VARIABLE.get(accelerator, "")
+    try:
+        device = rank_device(local_rank, environ.get(visible_name) if visible_name else None)
+    except TopologyError as error:
+        raise DeviceError(f"{BINDING_VARIABLE}: {error}; {UNBOUND}") from None
+    allowed = set(os.sched_getaffinity(0))
+    try:
+        cpus = rank_cpus(parse_binding_text(text), device, allowed)
+    except TopologyError as error:
+        raise DeviceError(f"{BINDING_VARIABLE}: {error}; {UNBOUND}") from None
+    os.sched_setaffinity(0, cpus)
+    return (
+        f"local rank {local_rank} on device {device}: bound to CPUs {format_cpu_list(cpus)}"
+        f" ({BINDING_VARIABLE})"
+    )

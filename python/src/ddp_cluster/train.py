@@ -44,6 +44,7 @@ from ddp_cluster.device import (
     BACKEND_CHOICES,
     DEVICE_CHOICES,
     Placement,
+    announce_binding,
     requested_device,
     select_placement,
     where,
@@ -540,6 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env: DistEnv | None = None
     try:
         env = resolve_dist_env()
+        announce_binding(env)
         placement = select_placement(config.device, config.backend, env)
         data = load_dataset(
             config.dataset, config.data_dir, config.seed, config.synthetic_samples, config.synthetic_features
