@@ -128,6 +128,48 @@ def test_a_node_with_a_slow_link_is_named(three_nodes: None) -> None:
     assert [row["node"] for row in verdict["node_figures"] if row["slow"]] == ["node1"]  # type: ignore[index]
 
 
+@pytest.fixture
+def second_fabric(three_nodes: None) -> Iterator[str]:
+    """A second network joined to every node (eth1): each node's local rank 1 pairs on it, as a device's own
+    NIC would carry its traffic."""
+    name = f"ddp-test-dev1-{uuid.uuid4().hex[:6]}"
+    docker("network", "create", name)
+    nodes = ["node0", "node1", "node2"]
+    try:
+        for node in nodes:
+            docker("network", "connect", name, node)
+        yield name
+    finally:
+        for node in nodes:
+            subprocess.run(["docker", "network", "disconnect", "-f", name, node], capture_output=True, check=False)
+        subprocess.run(["docker", "network", "rm", name], capture_output=True, check=False)
+
+
+def test_every_device_pair_is_measured_and_a_slow_device_is_named_by_node_and_device(second_fabric: str) -> None:
+    job = job_id("device")
+    # A token bucket on node2's eth1: only what node2's local rank 1 sends (its "device 1" NIC) is slowed.
+    slowed = nsenter_tc(
+        "node2", "qdisc", "add", "dev", "eth1", "root", "tbf", "rate", "100mbit", "burst", "64kb", "latency", "100ms"
+    )
+    assert slowed.returncode == 0, slowed.stderr
+    try:
+        result = check(job, 3, cluster_nproc_per_node=2, ddp_job_env={"DDP_GLOO_DEVICE_IFNAMES": "eth0,eth1"})
+    finally:
+        nsenter_tc("node2", "qdisc", "del", "dev", "eth1", "root")
+    assert result.rc != 0
+    flat = " ".join(result.stdout.split())
+    assert f"health gate {job} failed: node node2 device 1 is slow: its best pair reached" in flat, flat[-4000:]
+    results = health_of(RUNS / job)
+    pairs = results["pairs"]
+    assert [(pair["a"], pair["b"], pair["device"]) for pair in pairs] == [  # type: ignore[attr-defined]
+        (a, b, device) for device in (0, 1) for a, b in (("node0", "node1"), ("node1", "node2"), ("node2", "node0"))
+    ]
+    verdict = results["verdict"]
+    assert len(verdict["problems"]) == 1, verdict["problems"]  # type: ignore[index]
+    slow = [(row["node"], row["device"]) for row in verdict["node_figures"] if row["slow"]]  # type: ignore[index]
+    assert slow == [("node2", 1)]
+
+
 def test_a_node_whose_environment_differs_is_named_and_preflight_starts_nothing(three_nodes: None) -> None:
     job = job_id("env")
     env_file = STATE_DIR / "node2" / "etc" / "node.env"

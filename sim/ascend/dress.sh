@@ -29,3 +29,9 @@ done
 [ -e /dev/davinci_manager ] || mknod -m 0666 /dev/davinci_manager c 237 0
 [ -e /dev/devmm_svm ] || mknod -m 0666 /dev/devmm_svm c 238 0
 [ -e /dev/hisi_hdc ] || mknod -m 0666 /dev/hisi_hdc c 239 0
+
+# ascend-docker-runtime, installed but not registered with the engine (sim/ascend/install-runtime.sh does that,
+# on the servers a test picks).
+install -D -m 0755 /opt/ddp-sim/ascend/ascend-docker-runtime /usr/local/Ascend/Ascend-Docker-Runtime/ascend-docker-runtime
+install -D -m 0644 /opt/ddp-sim/ascend/base.list /etc/ascend-docker-runtime.d/base.list
+mkdir -p /var/queue_schedule

@@ -581,11 +581,146 @@ def test_an_ngc_base_keeps_its_own_torch_and_trains(sim_cluster: PlaybookResult,
     assert f"asks for torch==2.13.0, but the base image has torch {ngc_torch} in /usr/local/lib" in flat, flat[-3000:]
 
 
+# The doubles' topology for the first two chips of each server (npu-smi info -t topo's CPU Affinity): this machine
+# has CPUs 0 and 1 only, so device 0 is local to CPU 1 and device 1 to CPU 0 (crossed, so that a binding by
+# local rank alone would show).
+DOUBLES_CONFIG = {
+    "chip_count": 8,
+    "npu_name": "910B",
+    "version": "23.0.0",
+    "devices": {"0": {"cpu_affinity": "1"}, "1": {"cpu_affinity": "0"}},
+}
+
+
+def write_doubles_config(server: str, config: dict[str, object]) -> None:
+    on_server(server, f"echo {shlex_quote(json.dumps(config))} > /var/lib/ddp-doubles/config.json")
+
+
 @pytest.fixture(scope="module")
 def ascend_cluster(servers: list[str]) -> PlaybookResult:
+    # sim-server0's engine gets ascend-docker-runtime registered, as its installer does (the default runtime too);
+    # sim-server1's has none.
+    on_server("sim-server0", "/opt/ddp-sim/ascend/install-runtime.sh")
+    wait_engine("sim-server0")
+    for server in servers:
+        write_doubles_config(server, DOUBLES_CONFIG)
     result = site(SIM_ASCEND)
     assert result.rc == 0, result.stdout[-6000:]
     return result
+
+
+def test_ascend_runtime_where_the_engine_has_it_and_devices_and_mounts_elsewhere(
+    ascend_cluster: PlaybookResult,
+) -> None:
+    inspect = "docker inspect -f '{{json .HostConfig}} {{json .Config.Env}}' "
+    host0, env0 = on_server("sim-server0", inspect + "sim-server0").stdout.split(" ", 1)
+    host1, env1 = on_server("sim-server1", inspect + "sim-server1").stdout.split(" ", 1)
+    config0, config1 = json.loads(host0), json.loads(host1)
+    # With the runtime: asked for by name, ASCEND_VISIBLE_DEVICES in the container's own environment, no
+    # explicit devices; the runtime (the stand-in, as the real one) made the device nodes and the mounts.
+    assert config0["Runtime"] == "ascend"
+    assert "ASCEND_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in json.loads(env0)
+    assert not config0["Devices"]
+    assert "create sim-server0: devices [0, 1, 2, 3, 4, 5, 6, 7]" in on_server(
+        "sim-server0", "cat /var/log/ascend-docker-runtime.log"
+    ).stdout.replace(on_server("sim-server0", "docker inspect -f '{{.Id}}' sim-server0").stdout.strip(), "sim-server0")
+    seen = on_node("sim-server0", "ls /dev/davinci0 /dev/davinci7 /dev/davinci_manager && echo $ASCEND_DOCKER_RUNTIME"
+                   " && grep -c ' /var/queue_schedule ' /proc/mounts")  # fmt: skip
+    assert seen.stdout.split()[-2:] == ["True", "1"], seen.stdout
+    # Without: runc, the devices given explicitly and the runtime's base.list paths mounted read-only.
+    assert config1["Runtime"] == "runc"
+    assert "ASCEND_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" not in json.loads(env1)
+    assert {device["PathOnHost"] for device in config1["Devices"]} >= {
+        "/dev/davinci0", "/dev/davinci7", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"
+    }  # fmt: skip
+    assert {"/var/queue_schedule:/var/queue_schedule:ro", "/usr/local/dcmi:/usr/local/dcmi:ro"} <= set(config1["Binds"])
+    for server in SERVERS:
+        # The variable does nothing in node.env: it is not there.
+        assert on_node(server, "grep -c ASCEND_VISIBLE_DEVICES /etc/ddp-cluster/node/node.env || true").stdout == "0\n"
+
+
+def test_ascend_ranks_are_bound_to_their_devices_cpus_from_the_topology(ascend_cluster: PlaybookResult) -> None:
+    job = job_id("npu-numa")
+    result = train(job, SIM_ASCEND, nodes=2, device="cpu", cluster_nproc_per_node=2,
+                   script=str(REPO / "tests" / "scripts" / "affinity_probe.py"))  # fmt: skip
+    assert result.rc == 0, result.stdout[-5000:]
+    flat = " ".join(result.stdout.split())
+    assert "ranks bound to their devices' CPUs (cluster_cpu_binding numa; device=CPUs): sim-server0 0=1;1=0;" in flat
+    reports = [
+        json.loads(line.split("affinity-probe ", 1)[1])
+        for log in sorted((RUNS / job / "logs").glob("rank.*.log"))
+        for line in log.read_text().splitlines()
+        if "affinity-probe {" in line
+    ]
+    assert sorted((r["node"], r["local_rank"], r["affinity"]) for r in reports) == [
+        ("sim-server0", 0, [1]), ("sim-server0", 1, [0]), ("sim-server1", 0, [1]), ("sim-server1", 1, [0])
+    ], reports  # fmt: skip
+    assert all(r["taskset"].endswith(f"current affinity list: {r['affinity'][0]}") for r in reports), reports
+
+
+@pytest.fixture
+def device_fabric(ascend_cluster: PlaybookResult) -> Iterator[str]:
+    """A second network between the servers (eth1 on each), opened in their firewalls: each node's local rank 1
+    pairs on it (DDP_GLOO_DEVICE_IFNAMES), as a chip's own NIC carries its traffic."""
+    name = f"ddp-sim-dev1-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["docker", "network", "create", name], check=True, capture_output=True)
+    try:
+        for server in SERVERS:
+            subprocess.run(["docker", "network", "connect", name, server], check=True, capture_output=True)
+            on_server(server, "ufw allow in on eth1 >/dev/null")
+        yield name
+    finally:
+        for server in SERVERS:
+            on_server(server, "ufw delete allow in on eth1 >/dev/null; tc qdisc del dev eth1 root", check=False)
+            subprocess.run(["docker", "network", "disconnect", "-f", name, server], capture_output=True, check=False)
+        subprocess.run(["docker", "network", "rm", name], capture_output=True, check=False)
+
+
+def test_ascend_gate_measures_every_device_pair_and_names_a_slow_device_link(device_fabric: str) -> None:
+    # What sim-server1's local rank 1 sends goes through a token bucket; its local rank 0 is not slowed.
+    on_server("sim-server1", "tc qdisc add dev eth1 root tbf rate 100mbit burst 64kb latency 100ms")
+    job = job_id("npu-devices")
+    result = run_playbook(
+        "check.yml",
+        extravars={"job_id": job, "nodes": 2, "device": "cpu", "cluster_nproc_per_node": 2,
+                   "ddp_job_env": {"DDP_GLOO_DEVICE_IFNAMES": "eth0,eth1"}},
+        inventory=SIM_ASCEND,
+    )  # fmt: skip
+    assert result.rc != 0
+    flat = " ".join(result.stdout.split())
+    assert f"health gate {job} failed: the link sim-server0 device 1 <-> sim-server1 device 1 is slow" in flat, flat[
+        -4000:
+    ]
+    health = json.loads((RUNS / job / "health.json").read_text())
+    assert [(pair["a"], pair["b"], pair["device"]) for pair in health["pairs"]] == [
+        ("sim-server0", "sim-server1", 0), ("sim-server0", "sim-server1", 1)
+    ]  # fmt: skip
+    assert len(health["verdict"]["problems"]) == 1, health["verdict"]["problems"]
+    # Before the ranks, every device pinged its counterpart on the other server with hccn_tool.
+    calls = on_server("sim-server0", "cat /var/lib/ddp-doubles/calls.log").stdout
+    assert "hccn_tool -i 0 -ping -g address 192.168.100.111" in calls
+    assert "hccn_tool -i 1 -ping -g address 192.168.101.111" in calls
+
+
+def test_ascend_gate_names_a_device_pair_that_hccn_ping_cannot_reach(ascend_cluster: PlaybookResult) -> None:
+    write_doubles_config("sim-server0", DOUBLES_CONFIG | {"unreachable": ["192.168.101.111"]})
+    try:
+        job = job_id("npu-ping")
+        result = run_playbook(
+            "check.yml",
+            extravars={"job_id": job, "nodes": 2, "device": "cpu", "cluster_nproc_per_node": 2},
+            inventory=SIM_ASCEND,
+        )
+    finally:
+        write_doubles_config("sim-server0", DOUBLES_CONFIG)
+    assert result.rc != 0
+    flat = " ".join(result.stdout.split())
+    assert (
+        "sim-server0: hccn_tool -ping failed for device 1 -> sim-server1 at 192.168.101.111 (rc 1: 3 packets"
+        " transmitted, 0 received, 100.00% packet loss)" in flat
+    ), flat[-4000:]
+    assert "device 0 ->" not in flat.split("hccn_tool -ping failed for")[1].split(".")[0]
+    assert not (RUNS / job / "health.json").exists()
 
 
 def test_ascend_hosts_stage_runs_on_the_doubles(ascend_cluster: PlaybookResult) -> None:
@@ -770,3 +905,62 @@ def test_ascend_two_nodes_train_on_the_cann_base(ascend_cluster: PlaybookResult)
     assert result.rc == 0, result.stdout[-5000:]
     summary = json.loads((RUNS / job / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["accuracy"] >= 0.8
+
+
+# --- Ansible run on a server of the cluster (ansible_connection: local for that one) ---------------------------
+SITE_PACKAGES = REPO / ".venv" / "lib" / "python3.11" / "site-packages"
+# What ansible-playbook and the modules of the hosts stage import, from this controller's venv (pure Python or
+# cp311 wheels: the server's Python is 3.11 too); ansible_collections only for the three collections used.
+ANSIBLE_PACKAGES = (
+    "ansible", "ansible_core-*.dist-info", "yaml", "_yaml", "jinja2", "markupsafe", "cryptography", "cffi",
+    "_cffi_backend*.so", "resolvelib", "packaging", "docker", "requests", "urllib3", "idna", "charset_normalizer",
+    "certifi", "ansible_collections/community/docker", "ansible_collections/community/general",
+    "ansible_collections/ansible/posix", "ansible_collections/community/library_inventory_filtering_v1",
+)  # fmt: skip
+
+
+def test_a_server_that_runs_ansible_itself_gets_the_same_hosts_stage(servers: list[str], tmp_path: Path) -> None:
+    """Ansible on sim-server0 (ansible_connection: local for it), sim-server1 over ssh: the hosts stage opens
+    sim-server0's firewall to sim-server1 as it opens sim-server1's to sim-server0."""
+    bundle = tmp_path / "controller.tar"
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    subprocess.run(["tar", "-cf", str(bundle), "-C", str(REPO), "--transform", "s,^,ddp-cluster/,", *files], check=True)
+    packages = [str(path.relative_to(SITE_PACKAGES)) for name in ANSIBLE_PACKAGES for path in SITE_PACKAGES.glob(name)]
+    subprocess.run(["tar", "-rf", str(bundle), "-C", str(SITE_PACKAGES), "--transform", "s,^,site-packages/,",
+                    *packages], check=True)  # fmt: skip
+    access = Path.home() / ".ddp-cluster" / "sim-servers"
+    subprocess.run(["docker", "cp", str(bundle), "sim-server0:/root/controller.tar"], check=True)
+    subprocess.run(["docker", "cp", str(access / "id_ed25519"), "sim-server0:/root/id_ed25519"], check=True)
+    subprocess.run(["docker", "cp", str(access / "known_hosts"), "sim-server0:/root/known_hosts"], check=True)
+    on_server("sim-server0", "mkdir -p /root/ctl /root/.ddp-cluster/sim-servers"
+              " && tar -xf /root/controller.tar -C /root/ctl"
+              " && mv /root/id_ed25519 /root/known_hosts /root/.ddp-cluster/sim-servers/"
+              " && chmod 0600 /root/.ddp-cluster/sim-servers/id_ed25519")  # fmt: skip
+    # sim-server0 is where Ansible runs: a local connection, the server's own Python.
+    on_server("sim-server0", "printf '%s\\n' 'all:' '  children:' '    nodes:' '      hosts:' '        sim-server0:'"
+              " '          ansible_connection: local' '          ansible_python_interpreter: /usr/bin/python3'"
+              " > /root/ctl/ddp-cluster/inventories/sim/local.yml")  # fmt: skip
+    # sim-server0's firewall as at its first boot (an earlier site.yml from this machine opened it): only ssh.
+    on_server("sim-server0", "ufw --force reset >/dev/null && ufw default deny incoming >/dev/null"
+              " && ufw allow 22/tcp >/dev/null && ufw --force enable >/dev/null")  # fmt: skip
+    assert "172.30.99.11" not in on_server("sim-server0", "ufw status").stdout
+    run = on_server(
+        "sim-server0",
+        "cd /root/ctl/ddp-cluster && PYTHONPATH=/root/ctl/site-packages ANSIBLE_PYTHON_INTERPRETER=/usr/bin/python3"
+        " python3 -c 'import sys; from ansible.cli.playbook import main; sys.argv[0] = \"ansible-playbook\"; main()'"
+        " -i inventories/sim/hosts.yml -i inventories/sim/local.yml playbooks/hosts.yml 2>&1",
+        check=False,
+        timeout=900,
+    )
+    assert run.returncode == 0, run.stdout[-5000:]
+    assert "TASK [cluster_host : Let the cluster's servers through ufw, from each one]" in run.stdout
+    assert "changed: [sim-server0] => (item=172.30.99.11)" in run.stdout, run.stdout[-5000:]
+    assert "172.30.99.11" in on_server("sim-server0", "ufw status").stdout
+    assert "172.30.99.10" in on_server("sim-server1", "ufw status").stdout
+    # sim-server1 now reaches a port on sim-server0 that only the opening lets through.
+    on_server("sim-server0", "(timeout 20 python3 -m http.server 29599 >/dev/null 2>&1 &)")
+    probe = "timeout 2 bash -c '</dev/tcp/172.30.99.10/29599'"
+    reached = on_server("sim-server1", f"for i in 1 2 3 4 5; do {probe} && exit 0; sleep 1; done; exit 1", check=False)
+    assert reached.returncode == 0
