@@ -624,7 +624,9 @@ def test_ascend_runtime_where_the_engine_has_it_and_devices_and_mounts_elsewhere
     assert "create sim-server0: devices [0, 1, 2, 3, 4, 5, 6, 7]" in on_server(
         "sim-server0", "cat /var/log/ascend-docker-runtime.log"
     ).stdout.replace(on_server("sim-server0", "docker inspect -f '{{.Id}}' sim-server0").stdout.strip(), "sim-server0")
-    seen = on_node("sim-server0", "ls /dev/davinci0 /dev/davinci7 /dev/davinci_manager && echo $ASCEND_DOCKER_RUNTIME"
+    # (The runtime edits the container's first process; docker exec takes its environment from Docker's config.)
+    seen = on_node("sim-server0", "ls /dev/davinci0 /dev/davinci7 /dev/davinci_manager"
+                   " && tr '\\0' '\\n' < /proc/1/environ | sed -n 's/^ASCEND_DOCKER_RUNTIME=//p'"
                    " && grep -c ' /var/queue_schedule ' /proc/mounts")  # fmt: skip
     assert seen.stdout.split()[-2:] == ["True", "1"], seen.stdout
     # Without: runc, the devices given explicitly and the runtime's base.list paths mounted read-only.
@@ -645,7 +647,7 @@ def test_ascend_ranks_are_bound_to_their_devices_cpus_from_the_topology(ascend_c
                    script=str(REPO / "tests" / "scripts" / "affinity_probe.py"))  # fmt: skip
     assert result.rc == 0, result.stdout[-5000:]
     flat = " ".join(result.stdout.split())
-    assert "ranks bound to their devices' CPUs (cluster_cpu_binding numa; device=CPUs): sim-server0 0=1;1=0;" in flat
+    assert "ranks bound to the CPUs of their devices (cluster_cpu_binding numa; device=CPUs): sim-server0 0=1;1=0;" in flat
     reports = [
         json.loads(line.split("affinity-probe ", 1)[1])
         for log in sorted((RUNS / job / "logs").glob("rank.*.log"))
