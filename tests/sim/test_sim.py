@@ -930,7 +930,9 @@ def test_a_server_that_runs_ansible_itself_gets_the_same_hosts_stage(servers: li
         ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
     subprocess.run(["tar", "-cf", str(bundle), "-C", str(REPO), "--transform", "s,^,ddp-cluster/,", *files], check=True)
-    packages = [str(path.relative_to(SITE_PACKAGES)) for name in ANSIBLE_PACKAGES for path in SITE_PACKAGES.glob(name)]
+    names = [*ANSIBLE_PACKAGES, *(f"{name.lstrip('_')}-*.dist-info" for name in ANSIBLE_PACKAGES if "/" not in name)]
+    names += ["pyyaml-*.dist-info"]
+    packages = sorted({str(path.relative_to(SITE_PACKAGES)) for name in names for path in SITE_PACKAGES.glob(name)})
     subprocess.run(["tar", "-rf", str(bundle), "-C", str(SITE_PACKAGES), "--transform", "s,^,site-packages/,",
                     *packages], check=True)  # fmt: skip
     access = Path.home() / ".ddp-cluster" / "sim-servers"
