@@ -19,8 +19,14 @@ done
 [ -e /usr/local/dcmi/dcmi_interface_api.h ] || echo "/* ddp-sim stand-in */" > /usr/local/dcmi/dcmi_interface_api.h
 install -m 0755 /opt/ddp-sim/doubles/hccn_tool "$driver/tools/hccn_tool"
 install -m 0755 /opt/ddp-sim/doubles/npu-smi /usr/local/sbin/npu-smi
-[ -e /var/lib/ddp-doubles/config.json ] || echo '{"chip_count": 8, "npu_name": "910B", "version": "23.0.0"}' \
-  > /var/lib/ddp-doubles/config.json
+# npu-smi info -t topo's CPU Affinity: this machine's CPUs for every chip (one NUMA node), so that jobs bound by
+# cluster_cpu_binding=numa run; the real layout (144-167, ...) names CPUs this machine does not have.
+cpus=$(cat /sys/devices/system/cpu/online 2>/dev/null || echo 0)
+[ -e /var/lib/ddp-doubles/config.json ] || python3 - "$cpus" > /var/lib/ddp-doubles/config.json <<'PY'
+import json, sys
+devices = {str(index): {"cpu_affinity": sys.argv[1]} for index in range(8)}
+print(json.dumps({"chip_count": 8, "npu_name": "910B", "version": "23.0.0", "devices": devices}))
+PY
 
 # Character devices with the names the driver creates (majors from the dynamic range; nothing opens them).
 for index in 0 1 2 3 4 5 6 7; do
