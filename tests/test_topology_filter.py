@@ -19,17 +19,8 @@ assert _spec is not None and _spec.loader is not None
 filters = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(filters)
 
-NPU_TOPO = """\
-        NPU0    NPU1    NPU2    NPU3  CPU Affinity
-NPU0     X      PXB     SYS     PXB   144-167
-NPU1    PXB      X      PXB     SYS   96-119
-NPU2    SYS     PXB      X      PXB   48-71
-NPU3    PXB     SYS     PXB      X    0-23
-
-Legend:
-
-  X    = Self
-"""
+# A 4-NPU 910A server (the same sample as the package tests).
+NPU_TOPO = (REPO / "python" / "tests" / "data" / "topology" / "npu-smi-topo-910a.txt").read_text()
 GPU_TOPO = (
     "\x1b[4m\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
     "GPU0\t X \tNV18\tPIX\t0-55,112-167\t0\t\tN/A\n"

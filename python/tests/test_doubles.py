@@ -251,27 +251,7 @@ def test_calls_are_logged_including_failures(machine: Machine) -> None:
 
 
 # npu-smi info -t topo on an Atlas 800T A2 (8x 910B), as the vendor prints it.
-ATLAS_A2_TOPO = """\
-\t   NPU0       NPU1       NPU2       NPU3       NPU4       NPU5       NPU6       NPU7       CPU Affinity
-NPU0       X          HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       144-167
-NPU1       HCCS       X          HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       144-167
-NPU2       HCCS       HCCS       X          HCCS       HCCS       HCCS       HCCS       HCCS       96-119
-NPU3       HCCS       HCCS       HCCS       X          HCCS       HCCS       HCCS       HCCS       96-119
-NPU4       HCCS       HCCS       HCCS       HCCS       X          HCCS       HCCS       HCCS       0-23
-NPU5       HCCS       HCCS       HCCS       HCCS       HCCS       X          HCCS       HCCS       0-23
-NPU6       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       X          HCCS       48-71
-NPU7       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       X          48-71
-
-Legend:
-
-  X    = Self
-  SYS  = Path traversing PCIe and NUMA nodes. Nodes are connected through SMP, such as QPI, UPI.
-  PHB  = Path traversing PCIe and the PCIe host bridge of a CPU.
-  PIX  = Path traversing a single PCIe switch
-  PXB  = Path traversing multiple PCIe switches
-  HCCS = Connection traversing HCCS.
-  NA   = Unknown relationship.
-"""
+ATLAS_A2_TOPO = (Path(__file__).parent / "data" / "topology" / "npu-smi-topo-atlas-a2.txt").read_text()
 
 
 def test_npu_smi_topo_prints_the_atlas_a2_sample(machine: Machine) -> None:

@@ -25,43 +25,14 @@ from ddp_cluster.topology import (
 )
 
 DOUBLES = Path(__file__).resolve().parents[2] / "tests" / "doubles"
+TOPOLOGY = Path(__file__).parent / "data" / "topology"
 
-# npu-smi info -t topo on an Atlas 800T A2 (8x 910B), as the vendor prints it.
-ATLAS_A2 = """\
-\t   NPU0       NPU1       NPU2       NPU3       NPU4       NPU5       NPU6       NPU7       CPU Affinity
-NPU0       X          HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       144-167
-NPU1       HCCS       X          HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       144-167
-NPU2       HCCS       HCCS       X          HCCS       HCCS       HCCS       HCCS       HCCS       96-119
-NPU3       HCCS       HCCS       HCCS       X          HCCS       HCCS       HCCS       HCCS       96-119
-NPU4       HCCS       HCCS       HCCS       HCCS       X          HCCS       HCCS       HCCS       0-23
-NPU5       HCCS       HCCS       HCCS       HCCS       HCCS       X          HCCS       HCCS       0-23
-NPU6       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       X          HCCS       48-71
-NPU7       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       HCCS       X          48-71
-
-Legend:
-
-  X    = Self
-  SYS  = Path traversing PCIe and NUMA nodes. Nodes are connected through SMP, such as QPI, UPI.
-  PHB  = Path traversing PCIe and the PCIe host bridge of a CPU.
-  PIX  = Path traversing a single PCIe switch
-  PXB  = Path traversing multiple PCIe switches
-  HCCS = Connection traversing HCCS.
-  NA   = Unknown relationship.
-"""
+# npu-smi info -t topo on an Atlas 800T A2 (8x 910B), as the vendor prints it (python/tests/data/topology).
+ATLAS_A2 = (TOPOLOGY / "npu-smi-topo-atlas-a2.txt").read_text()
 ATLAS_A2_BINDING = "0=144-167;1=144-167;2=96-119;3=96-119;4=0-23;5=0-23;6=48-71;7=48-71"
 
 # A 4-NPU 910A server: narrower cells.
-ATLAS_910A = """\
-        NPU0    NPU1    NPU2    NPU3  CPU Affinity
-NPU0     X      PXB     SYS     PXB   144-167
-NPU1    PXB      X      PXB     SYS   96-119
-NPU2    SYS     PXB      X      PXB   48-71
-NPU3    PXB     SYS     PXB      X    0-23
-
-Legend:
-
-  X    = Self
-"""
+ATLAS_910A = (TOPOLOGY / "npu-smi-topo-910a.txt").read_text()
 
 # nvidia-smi topo -m on a DGX A100 (GPU rows and NIC0 as published; NIC1..NIC9 follow the same pattern).
 DGX_A100 = """\
