@@ -173,8 +173,6 @@ def _share_cpu_cores(env: DistEnv) -> None:
 def announce_binding(env: DistEnv) -> None:
     """Bind this rank to its device's CPUs where the node asks for it
     (:func:`ddp_cluster.topology.bind_rank`), and say so in its log."""
-    from ddp_cluster.topology import bind_rank
+    from ddp_cluster import topology
 
-    said = bind_rank(env.local_rank)
-    if said:
-        print(f"{where(env)}: {said}", flush=True)
+    topology.announce_binding(env.local_rank, where(env))

@@ -196,17 +196,16 @@ def _unit_name(unit: tuple[str, int], devices: int) -> str:
     return f"node {unit[0]}" + (f" device {unit[1]}" if devices > 1 else "")
 
 
-def _pair_name(pair: Mapping[str, Any], devices: int) -> str:
-    if devices > 1:
-        return f"{pair['a']} device {_device(pair)} <-> {pair['b']} device {_device(pair)}"
-    return f"{pair['a']} <-> {pair['b']}"
-
-
 def _units_link(ends: tuple[tuple[str, int], tuple[str, int]], devices: int) -> str:
+    """A link as the report names it: ``a device 5 <-> b device 5``; ``a <-> b`` with one device a node."""
     a, b = ends
     if devices > 1:
         return f"{a[0]} device {a[1]} <-> {b[0]} device {b[1]}"
     return f"{a[0]} <-> {b[0]}"
+
+
+def _pair_name(pair: Mapping[str, Any], devices: int) -> str:
+    return _units_link(((str(pair["a"]), _device(pair)), (str(pair["b"]), _device(pair))), devices)
 
 
 def judge_pairs(

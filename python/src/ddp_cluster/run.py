@@ -25,20 +25,15 @@ from pathlib import Path
 from ddp_cluster.distenv import resolve_dist_env
 from ddp_cluster.errors import DdpClusterError, DeviceError
 from ddp_cluster.finish import exit_process
+from ddp_cluster.topology import announce_binding
 
 USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
 
 def export_torchrun_variables() -> dict[str, str]:
     """Resolve this process's place in the job and export it the way torchrun does; returns what was set."""
-    env = resolve_dist_env()
-    variables = env.torchrun_variables()
+    variables = resolve_dist_env().torchrun_variables()
     os.environ.update(variables)
-    from ddp_cluster.topology import bind_rank  # standard library only, like this module
-
-    said = bind_rank(env.local_rank)
-    if said:
-        print(f"ddp_cluster.run: rank {env.rank}: {said}", flush=True)
     return variables
 
 
@@ -92,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddp_cluster.run: error: script {target!r} not found (cwd {os.getcwd()})", file=sys.stderr)
         return 2
     try:
-        export_torchrun_variables()
+        variables = export_torchrun_variables()
+        announce_binding(int(variables["LOCAL_RANK"]), f"ddp_cluster.run: rank {variables['RANK']}")
         check_job_device()
     except DdpClusterError as error:
         print(f"ddp_cluster.run: error: {error}", file=sys.stderr)

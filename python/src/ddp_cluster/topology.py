@@ -272,3 +272,10 @@ def bind_rank(local_rank: int, environ: Mapping[str, str] | None = None) -> str 
         f"local rank {local_rank} on device {device}: bound to CPUs {format_cpu_list(cpus)}"
         f" ({BINDING_VARIABLE})"
     )
+
+
+def announce_binding(local_rank: int, who: str) -> None:
+    """:func:`bind_rank`, and the line that says so in the rank's log, after ``who`` (where the rank is)."""
+    said = bind_rank(local_rank)
+    if said:
+        print(f"{who}: {said}", flush=True)
