@@ -191,9 +191,7 @@ def node_fabric(env: DistEnv, placement: Placement, directory: Path | None) -> d
     adapters; None on other ranks and other backends."""
     if env.local_rank != 0 or placement.backend != "nccl" or directory is None:
         return None
-    text = "".join(
-        path.read_text(errors="replace") for path in sorted(directory.glob(f"nccl.*.{os.getpid()}.log"))
-    )
+    text = fabric.read_nccl_logs(directory, f"nccl.*.{os.getpid()}.log")
     return {
         "node": os.environ.get("DDP_NODE_NAME") or platform.node(),
         "transport": fabric.parse_nccl_log(text).as_dict(),
