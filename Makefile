@@ -80,12 +80,15 @@ demo: site
 lint: test-deps
 	yamllint -s .
 	ansible-lint
-	cd python && ruff check . && ruff format --check . && mypy
-	ruff check tests bench plugins inventories/local/hosts.py molecule roles/*/library
-	ruff format --check tests bench plugins inventories/local/hosts.py molecule roles/*/library
+	ruff check . && ruff format --check .
+	cd python && mypy
+	mypy --config-file mypy.ini
 
+# The package's tests, then the playbooks' pieces that need no engine and no cluster (tests/unit: filters,
+# modules, the controller's scripts, the roles' specs).
 unit: test-deps
 	cd python && pytest -q
+	pytest -q tests/unit
 
 # `make suites` builds the image once before it starts the scenarios (MOLECULE_DEPS=test-deps there).
 MOLECULE_DEPS ?= test-deps image
@@ -98,11 +101,13 @@ molecule: $(MOLECULE_DEPS)
 	  grep -E "passed|failed" build/molecule-$$scenario.log | tail -n 1 || true; \
 	done
 
-# The local tests include the registry's own (tests/test_image_distribute.py; skipped without it).
+# The local tests, on real containers (make unit runs tests/unit); they include the controller's registry's own
+# (tests/test_controller_registry.py; skipped without it).
 e2e: test-deps base-image registry
-	pytest -q tests --ignore=tests/sim
+	pytest -q tests --ignore=tests/sim --ignore=tests/unit
 
-# The real-cluster path on simulated servers (made fresh for the run, removed after it).
+# The real-cluster path on simulated servers (made fresh for the run, removed after it): tests/sim's files run in
+# name order, a stage each, on one set of servers (tests/sim/conftest.py).
 sim-e2e: test-deps base-image registry
 	pytest -q -p no:cacheprovider tests/sim
 

@@ -1,8 +1,8 @@
 """Pulling a large base image: the image stage's pull (``ddp_image_pull``: the docker CLI, progress lines, the
 bound) against a bare ``docker pull`` of the same image, side by side.
 
-The image is made here: ddp-cluster/base:bookworm plus GIB layers of 1 GiB of random bytes (incompressible, as a
-CANN or NGC image's libraries nearly are), pushed to Docker's Distribution registry on 127.0.0.1. Each round
+The image is made here: ddp-cluster/base:bookworm plus GIB layers of 1 GiB of random bytes (incompressible, as
+a CANN or NGC image's libraries nearly are), pushed to Docker's Distribution registry on 127.0.0.1. Each round
 removes the image and pulls it twice, once each way, the order flipping every round; only the pull is timed
 (the stage's own report of its pull task, from ``playbooks/image.yml --tags training_image_base``).
 
@@ -42,7 +42,8 @@ def stage_pull(image: str) -> float:
     """The image stage's pull of image: seconds its pull task reports."""
     env = os.environ | {"ANSIBLE_NOCOLOR": "1"}
     done = subprocess.run(
-        [PLAYBOOK, "playbooks/image.yml", "--tags", "training_image_base", "-e", f"cluster_base_image={image}"],
+        [PLAYBOOK, "playbooks/image.yml", "--tags", "training_image_base",
+         "-e", f"cluster_base_image={image}"],
         cwd=REPO, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     found = re.search(rf"base image {re.escape(image)}: pulled in ([0-9.]+) s", done.stdout)
@@ -92,7 +93,9 @@ def main() -> None:
          " ".join(f"{value:.1f}" for value in values))
         for way, values in times.items()
     ]  # fmt: skip
-    print(f"base image of {size / 2**30:.1f} GiB ({args.gib} random 1 GiB layers) from a registry on 127.0.0.1")
+    print(
+        f"base image of {size / 2**30:.1f} GiB ({args.gib} random 1 GiB layers) from a registry on 127.0.0.1"
+    )
     print(table(rows, ("pull", "median", "rate", "runs")))
     ratio = statistics.median(times["image stage"]) / statistics.median(times["docker pull"])
     print(f"image stage / docker pull: {ratio:.2f}")

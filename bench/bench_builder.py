@@ -1,15 +1,15 @@
-"""Where the node image is built (cluster_image_builder, issue 22): on the controller (the registry path of issue
-10: the controller's registry, every server pulls through its tunnel) against on a server (the build server's
-engine builds from a context sent by the controller; the others pull from a registry on it over the cluster's
-own network), side by side, on 2 and 4 simulated servers, each fresh with the base image on every server (as at
-an Ascend site, where the CANN base is loaded on each).
+"""Where the node image is built (cluster_image_builder, issue 22): on the controller (the registry path of
+issue 10: the controller's registry, every server pulls through its tunnel) against on a server (the build
+server's engine builds from a context sent by the controller; the others pull from a registry on it over the
+cluster's own network), side by side, on 2 and 4 simulated servers, each fresh with the base image on every
+server (as at an Ascend site, where the CANN base is loaded on each).
 
 For each: the first image stage (`site.yml --tags preflight,hosts,image`, the build included) and a one-line
 change under python/ (`--tags image`): wall time; the bytes the controller's own processes sent to the servers
 (an iptables counter on OUTPUT to the sim network: ssh, Ansible's modules and copies, the registry's tunnels);
-the bytes the sim bridge received through the controller from elsewhere (the servers' package archive, which the
-sim reaches through this machine's NAT; at a site, the servers' own mirror); and the bytes the build server's
-registry served to the others (server builds: they never cross the controller).
+the bytes the sim bridge received through the controller from elsewhere (the servers' package archive, which
+the sim reaches through this machine's NAT; at a site, the servers' own mirror); and the bytes the build
+server's registry served to the others (server builds: they never cross the controller).
 
     .venv/bin/python bench/bench_builder.py [--servers 2 4] [--json FILE]
 
@@ -34,8 +34,8 @@ def fresh(servers: int) -> None:
     sim("down", servers)
     sim("up", servers)
     for index in range(servers):
-        subprocess.run(f"docker save {BASE} | docker exec -i sim-server{index} docker load", shell=True, check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(f"docker save {BASE} | docker exec -i sim-server{index} docker load",
+                       shell=True, check=True, capture_output=True)  # fmt: skip
 
 
 SIM_NETWORK = "172.30.99.0/24"  # scripts/sim.sh
@@ -44,7 +44,8 @@ COUNTER = ["OUTPUT", "-d", SIM_NETWORK, "-m", "comment", "--comment", "ddp-bench
 
 @contextlib.contextmanager
 def controller_counter() -> Iterator[None]:
-    """An iptables rule without a target (it only counts) on what this machine's own processes send to the sim."""
+    """An iptables rule without a target (it only counts) on what this machine's own processes send to the
+    sim."""
     subprocess.run(["iptables", "-I", *COUNTER], check=True)
     try:
         yield
@@ -95,12 +96,14 @@ def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
 def main() -> None:
     with controller_counter():
         rows, figures = over_server_counts(__doc__ or "", bench)
-    header = ("cluster", "builder", "case", "seconds", "MB from controller", "per server", "MB archive via NAT",
-              "MB server-to-server", "layers pulled")  # fmt: skip
+    header = ("cluster", "builder", "case", "seconds", "MB from controller", "per server",
+              "MB archive via NAT", "MB server-to-server", "layers pulled")  # fmt: skip
     print(table(rows, header))
     if 2 in figures and 4 in figures:
         for case in ("server: first image stage", "server: one-line change"):
-            print(f"{case}, 4 servers / 2 servers: {figures[4][case] / figures[2][case]:.2f}x (target <= 1.3x)")
+            print(
+                f"{case}, 4 servers / 2 servers: {figures[4][case] / figures[2][case]:.2f}x (target <= 1.3x)"
+            )
 
 
 if __name__ == "__main__":

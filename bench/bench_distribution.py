@@ -1,10 +1,11 @@
 """The node image on simulated servers: registry against save/load, side by side, for 2 and 4 servers.
 
-For each server count: the first distribution to servers without the image (save/load, then the registry with an
-empty store, then the registry again with the layers already pushed), a one-line change under python/ shipped to
-servers that hold the previous image (registry, then save/load), and site.yml's warm re-run. Wall time of
-`site.yml --tags image` (the image stage: the build when needed, then the shipping), and the bytes leaving the
-controller for the servers (transmitted on the sim network's bridge, so Ansible's own traffic is in it too).
+For each server count: the first distribution to servers without the image (save/load, then the registry with
+an empty store, then the registry again with the layers already pushed), a one-line change under python/
+shipped to servers that hold the previous image (registry, then save/load), and site.yml's warm re-run. Wall
+time of `site.yml --tags image` (the image stage: the build when needed, then the shipping), and the bytes
+leaving the controller for the servers (transmitted on the sim network's bridge, so Ansible's own traffic is
+in it too).
 
     .venv/bin/python bench/bench_distribution.py [--servers 2 4]
 
@@ -33,26 +34,34 @@ def sim(action: str, servers: int) -> None:
 
 def bridge_tx() -> int:
     network = subprocess.run(
-        ["docker", "network", "inspect", "-f", "{{.Id}}", "ddp-sim"], capture_output=True, text=True, check=True
+        ["docker", "network", "inspect", "-f", "{{.Id}}", "ddp-sim"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     return int(Path(f"/sys/class/net/br-{network[:12]}/statistics/tx_bytes").read_text())
 
 
 def run(servers: int, *args: str) -> tuple[float, int, str]:
-    """ansible-playbook on the sim inventory (plus build/sim/hosts.yml beyond two servers): seconds, bytes out."""
+    """ansible-playbook on the sim inventory (plus build/sim/hosts.yml beyond two servers): seconds, bytes
+    out."""
     inventory = ["-i", "inventories/sim"] + (["-i", "build/sim/hosts.yml"] if servers > 2 else [])
     env = os.environ | {"ANSIBLE_NOCOLOR": "1"}
     before, start = bridge_tx(), time.perf_counter()
     done = subprocess.run([PLAYBOOK, *inventory, *args], cwd=REPO, env=env, capture_output=True, text=True)
     seconds, sent = time.perf_counter() - start, bridge_tx() - before
     if done.returncode != 0:
-        raise SystemExit(f"ansible-playbook {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"ansible-playbook {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+        )
     return seconds, sent, done.stdout
 
 
 def on_servers(servers: int, command: str) -> None:
     for index in range(servers):
-        subprocess.run(["docker", "exec", f"sim-server{index}", "sh", "-c", command], check=True, capture_output=True)
+        subprocess.run(
+            ["docker", "exec", f"sim-server{index}", "sh", "-c", command], check=True, capture_output=True
+        )
 
 
 # The sim inventory's name for the node image (inventories/sim/group_vars/all.yml).
@@ -61,8 +70,8 @@ NODE_IMAGE = "ddp-cluster/sim-node"
 
 def forget_images(servers: int) -> None:
     """Servers without any node image (and its layers), as before the first distribution."""
-    on_servers(servers, f"docker rm -f $(hostname) >/dev/null 2>&1; docker image ls -q {NODE_IMAGE} | xargs -r "
-               "docker rmi -f >/dev/null; docker image prune -f >/dev/null")  # fmt: skip
+    on_servers(servers, f"docker rm -f $(hostname) >/dev/null 2>&1; docker image ls -q {NODE_IMAGE} "
+               "| xargs -r docker rmi -f >/dev/null; docker image prune -f >/dev/null")  # fmt: skip
 
 
 def image_size() -> int:
@@ -84,8 +93,8 @@ def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
     size = image_size()
 
     def ship(label: str, method: str, *extra: str) -> None:
-        seconds, sent, out = run(servers, "site.yml", "--tags", "image", "-e", f"cluster_image_distribution={method}",
-                                 *extra)  # fmt: skip
+        seconds, sent, out = run(servers, "site.yml", "--tags", "image",
+                                 "-e", f"cluster_image_distribution={method}", *extra)  # fmt: skip
         rows.append((f"{servers} servers", label, f"{seconds:.1f}", mb(sent), mb(sent // servers),
                      f"{100 * sent / servers / size:.2f}"))  # fmt: skip
         figures[label] = seconds
@@ -113,7 +122,9 @@ def bench(servers: int) -> tuple[list[tuple[str, ...]], dict[str, float]]:
 
     run(servers, "site.yml")
     seconds, sent, _ = run(servers, "site.yml")
-    rows.append((f"{servers} servers", "site.yml warm re-run", f"{seconds:.1f}", mb(sent), mb(sent // servers), ""))
+    rows.append(
+        (f"{servers} servers", "site.yml warm re-run", f"{seconds:.1f}", mb(sent), mb(sent // servers), "")
+    )
     print(" | ".join(rows[-1]), flush=True)
     figures["warm"] = seconds
     sim("down", servers)

@@ -1,10 +1,10 @@
 """What the health gate costs, for 2 and 4 local nodes, next to the job it guards, side by side.
 
-For each node count: site.yml brings the local cluster to that size, then, alternately, check.yml alone, train.yml
-(digits, 5 epochs) and train.yml -e preflight=true, each --repeat times; medians are reported, with the gate's
-own measuring time (health.json "seconds", inside the ranks), the gloo busbw it measured across all ranks at the
-largest size and the median ring-pair busbw, and the ratio of a job with the gate to one without. Target: check.yml
-within 15 s for 2 nodes.
+For each node count: site.yml brings the local cluster to that size, then, alternately, check.yml alone,
+train.yml (digits, 5 epochs) and train.yml -e preflight=true, each --repeat times; medians are reported, with
+the gate's own measuring time (health.json "seconds", inside the ranks), the gloo busbw it measured across all
+ranks at the largest size and the median ring-pair busbw, and the ratio of a job with the gate to one without.
+Target: check.yml within 15 s for 2 nodes.
 
     .venv/bin/python bench/bench_health.py [--repeat 3] [--nodes 2 4]
 """
@@ -72,11 +72,20 @@ def main() -> None:
     print(
         table(
             rows,
-            ("nodes", "check.yml s", "gate measuring s", "train.yml s", "train.yml preflight=true s", "with / without"),
+            (
+                "nodes",
+                "check.yml s",
+                "gate measuring s",
+                "train.yml s",
+                "train.yml preflight=true s",
+                "with / without",
+            ),
         )
     )
     print()
-    print(table(figures, ("nodes", "all-reduce busbw GB/s (16 MiB)", "ring pair busbw GB/s (median)", "gates")))
+    print(
+        table(figures, ("nodes", "all-reduce busbw GB/s (16 MiB)", "ring pair busbw GB/s (median)", "gates"))
+    )
     print(f"\nmedians of {args.repeat}; target: check.yml within 15 s for 2 nodes")
 
 

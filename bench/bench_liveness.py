@@ -1,11 +1,11 @@
-"""The supervisor's liveness watch on 16 local nodes: what it costs the first node, and how soon a dead node is
-named, with the node killed one level down the tree (a child of the first node) and two levels down.
+"""The supervisor's liveness watch on 16 local nodes: what it costs the first node, and how soon a dead node
+is named, with the node killed one level down the tree (a child of the first node) and two levels down.
 
-For each case: site.yml brings the local cluster to --nodes nodes, train.yml starts a long synthetic job, and once
-every rank trains, node0's ssh sessions of the watch are counted (``ssh ... ddp_cluster.liveness``, sampled for
---sample seconds) next to what the earlier design needed (one ssh login to every other node every 3 s), then
-the node is killed (docker kill) and the time until train.yml fails naming it is measured. Target: named within
-60 s; node0's sessions do not grow with the node count.
+For each case: site.yml brings the local cluster to --nodes nodes, train.yml starts a long synthetic job, and
+once every rank trains, node0's ssh sessions of the watch are counted (``ssh ... ddp_cluster.liveness``,
+sampled for --sample seconds) next to what the earlier design needed (one ssh login to every other node every
+3 s), then the node is killed (docker kill) and the time until train.yml fails naming it is measured. Target:
+named within 60 s; node0's sessions do not grow with the node count.
 
     .venv/bin/python bench/bench_liveness.py [--nodes 16] [--sample 15]
 """
@@ -36,8 +36,19 @@ def sessions_on_node0() -> int:
 def run_case(nodes: int, victim: int, sample: float) -> tuple[str, ...]:
     job = f"bench-liveness-{uuid.uuid4().hex[:6]}"
     env = os.environ | {"ANSIBLE_NOCOLOR": "1", "DDP_LOCAL_NODES": str(nodes)}
-    argv = [PLAYBOOK, "train.yml", "-e", f"nodes={nodes}", "-e", f"job_id={job}", "-e", f"script_args='{JOB_ARGS}'"]
-    train = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argv = [
+        PLAYBOOK,
+        "train.yml",
+        "-e",
+        f"nodes={nodes}",
+        "-e",
+        f"job_id={job}",
+        "-e",
+        f"script_args='{JOB_ARGS}'",
+    ]
+    train = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     metrics = Path(f"/var/lib/ddp-cluster/node0/workspace/jobs/{job}/output/metrics.jsonl")
     deadline = time.monotonic() + 600
     while not (metrics.exists() and metrics.stat().st_size > 0):
@@ -87,7 +98,10 @@ def main() -> None:
         "named",
     )
     print(table(rows, header))
-    print("\ntarget: a dead node named within 60 s; node0's sessions do not grow with the node count (4 = fanout)")
+    print(
+        "\ntarget: a dead node named within 60 s; "
+        "node0's sessions do not grow with the node count (4 = fanout)"
+    )
 
 
 if __name__ == "__main__":

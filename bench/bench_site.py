@@ -46,7 +46,9 @@ def main() -> None:
     try:
         TOUCHED.write_text(original + "# benchmark: a one-line change\n")
         seconds, changed, _ = playbook("site.yml", "--tags", "preflight,image")
-        rows.append(("image rebuild after a one-line python/ change", f"{seconds:.1f}", str(changed), "<= 30 s"))
+        rows.append(
+            ("image rebuild after a one-line python/ change", f"{seconds:.1f}", str(changed), "<= 30 s")
+        )
         seconds, changed, _ = playbook("site.yml")
         rows.append(("  then site.yml (containers recreated, re-pinned)", f"{seconds:.1f}", str(changed), ""))
     finally:

@@ -16,13 +16,16 @@ PLAYBOOK = str(REPO / ".venv" / "bin" / "ansible-playbook")
 
 
 def playbook(*args: str, nodes: int = 2) -> tuple[float, int, str]:
-    """Run ansible-playbook ARGS on the local inventory: (seconds, changed count summed over hosts, output)."""
+    """Run ansible-playbook ARGS on the local inventory: (seconds, changed count summed over hosts,
+    output)."""
     env = os.environ | {"ANSIBLE_NOCOLOR": "1", "DDP_LOCAL_NODES": str(nodes)}
     start = time.perf_counter()
     done = subprocess.run([PLAYBOOK, *args], cwd=REPO, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise SystemExit(f"ansible-playbook {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}")
+        raise SystemExit(
+            f"ansible-playbook {' '.join(args)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-2000:]}"
+        )
     changed = sum(int(count) for count in re.findall(r"changed=(\d+)", done.stdout))
     return seconds, changed, done.stdout
 
@@ -32,7 +35,9 @@ def docker(*args: str, check: bool = True) -> str:
 
 
 def teardown(nodes: int = 16) -> None:
-    subprocess.run(["docker", "rm", "-f", *[f"node{i}" for i in range(nodes)]], capture_output=True, check=False)
+    subprocess.run(
+        ["docker", "rm", "-f", *[f"node{i}" for i in range(nodes)]], capture_output=True, check=False
+    )
     subprocess.run(["docker", "network", "rm", "ddp-cluster-local"], capture_output=True, check=False)
     subprocess.run(["rm", "-rf", "/var/lib/ddp-cluster"], check=False)
 
@@ -40,7 +45,8 @@ def teardown(nodes: int = 16) -> None:
 def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = [
-        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)) for row in [header, *rows]
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in [header, *rows]
     ]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
@@ -52,8 +58,8 @@ Rows = list[tuple[str, ...]]
 def over_server_counts(
     description: str, bench: Callable[[int], tuple[Rows, dict[str, float]]]
 ) -> tuple[Rows, dict[int, dict[str, float]]]:
-    """A sim benchmark's command line (--servers 2 4, --json FILE): bench(servers) for each count, in turn; the
-    rows of all, and the figures per count (also written to FILE)."""
+    """A sim benchmark's command line (--servers 2 4, --json FILE): bench(servers) for each count, in turn;
+    the rows of all, and the figures per count (also written to FILE)."""
     parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--servers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--json", type=Path, help="also write the figures here")

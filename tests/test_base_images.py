@@ -65,7 +65,9 @@ def registry(workdir: Path, user: str = "") -> Iterator[str]:
         f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
     )
     with open(workdir / "registry.log", "wb") as log:
-        process = subprocess.Popen(["docker-registry", "serve", str(workdir / "config.yml")], stdout=log, stderr=log)
+        process = subprocess.Popen(
+            ["docker-registry", "serve", str(workdir / "config.yml")], stdout=log, stderr=log
+        )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -86,7 +88,11 @@ def registry(workdir: Path, user: str = "") -> Iterator[str]:
 def docker_as(config: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     """The docker CLI with its own credentials store (DOCKER_CONFIG), as a user's own login would be."""
     return subprocess.run(
-        ["docker", *args], input=stdin, capture_output=True, text=True, env=os.environ | {"DOCKER_CONFIG": str(config)}
+        ["docker", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"DOCKER_CONFIG": str(config)},
     )
 
 
@@ -113,7 +119,9 @@ def node_images() -> set[str]:
 def assert_stopped_naming(result: PlaybookResult, base: str, *said: str) -> None:
     assert result.rc != 0, result.stdout[-3000:]
     text = " ".join(result.stdout.split())
-    assert f"the base image {base} is not on the engine that builds and could not be pulled" in text, text[-3000:]
+    assert f"the base image {base} is not on the engine that builds and could not be pulled" in text, text[
+        -3000:
+    ]
     for words in said:
         assert words in text, text[-3000:]
     assert "docker load -i" in text and "No image of that name was left" in text
@@ -136,7 +144,9 @@ def test_a_base_behind_a_login_names_docker_login_then_pulls_after_it(tmp_path: 
         config.mkdir()
     with registry(tmp_path, user="ddp:s3cret") as host:
         base = f"{host}/nvidia/pytorch:26.10-py3"
-        assert docker_as(pusher, "login", host, "-u", "ddp", "--password-stdin", stdin="s3cret").returncode == 0
+        assert (
+            docker_as(pusher, "login", host, "-u", "ddp", "--password-stdin", stdin="s3cret").returncode == 0
+        )
         push(pusher, base)
         refused = image_stage(base, env={"DOCKER_CONFIG": str(stranger)})
         assert_stopped_naming(refused, base, f"log in first with docker login {host}")
@@ -146,7 +156,8 @@ def test_a_base_behind_a_login_names_docker_login_then_pulls_after_it(tmp_path: 
     try:
         assert pulled.rc == 0, pulled.stdout[-3000:]
         assert f"base image {base}: pulled in" in pulled.stdout
-        # Used as it is: the same image as the one pushed, under the user's name, and the node image built on it.
+        # Used as it is: the same image as the one pushed, under the user's name, and the node image built on
+        # it.
         assert (
             docker("image", "inspect", "-f", "{{.Id}}", base).stdout
             == docker("image", "inspect", "-f", "{{.Id}}", BASE).stdout
@@ -162,7 +173,9 @@ def test_a_pull_that_does_not_finish_in_time_is_stopped_naming_the_bound(tmp_pat
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     held: list[socket.socket] = []
-    threading.Thread(target=lambda: held.extend(iter(lambda: listener.accept()[0], None)), daemon=True).start()
+    threading.Thread(
+        target=lambda: held.extend(iter(lambda: listener.accept()[0], None)), daemon=True
+    ).start()
     base = f"127.0.0.1:{listener.getsockname()[1]}/ascend/cann:8.2.rc1"
     started = time.monotonic()
     result = image_stage(base, training_image_pull_timeout=8)
@@ -177,20 +190,25 @@ def test_a_base_with_python_older_than_the_package_needs_is_refused_before_the_b
     result = image_stage("ddp-cluster/base:bullseye")
     text = " ".join(result.stdout.split())
     assert result.rc != 0, text[-3000:]
-    assert "the base image ddp-cluster/base:bullseye has Python 3.9 (bullseye's python3), older than the 3.10" in text
+    assert (
+        "the base image ddp-cluster/base:bullseye has Python 3.9 (bullseye's python3), older than the 3.10"
+        in text
+    )
     assert "Nothing was built." in text and node_images() == before
 
 
 def test_a_base_without_a_package_manager_that_lacks_sshd_is_refused_naming_what_it_lacks() -> None:
     dockerfile = f"FROM {BASE}\nRUN rm -f /usr/bin/apt-get /usr/bin/apt /usr/bin/dpkg\n"
-    built = subprocess.run(["docker", "build", "-q", "-t", "ddp-test/no-pm:1", "-"], input=dockerfile, text=True)
+    built = subprocess.run(
+        ["docker", "build", "-q", "-t", "ddp-test/no-pm:1", "-"], input=dockerfile, text=True
+    )
     assert built.returncode == 0
     result = image_stage("ddp-test/no-pm:1")
     text = " ".join(result.stdout.split())
     assert result.rc != 0
     assert (
-        "the base image ddp-test/no-pm:1 has no package manager (apt-get, dnf, yum) to install sshd, ssh, mpirun"
-        in text
+        "the base image ddp-test/no-pm:1 has no package manager (apt-get, dnf, yum) "
+        "to install sshd, ssh, mpirun" in text
     )
     assert "Nothing was built." in text
 

@@ -1,7 +1,7 @@
 """docker/install-os-packages.sh, which the node image's build runs on the user's base: what it installs with
-each package manager, and that it installs nothing on a base that has everything. apt-get runs for real in every
-image build (tests/test_site.py, the sim); dnf and yum, which no base here has, are fakes that record their
-arguments, on the project's Debian base with apt-get taken away: the commands are checked, not run."""
+each package manager, and that it installs nothing on a base that has everything. apt-get runs for real in
+every image build (tests/test_site.py, the sim); dnf and yum, which no base here has, are fakes that record
+their arguments, on the project's Debian base with apt-get taken away: the commands are checked, not run."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def in_base(setup: str, *args: str, env: str = "") -> subprocess.CompletedProces
     """The script in a throwaway container of the base, after setup (a shell line), with args."""
     command = f"{setup}; {env} sh /install.sh {' '.join(args)}"
     return subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", "-v", f"{SCRIPT}:/install.sh:ro", BASE, "sh", "-c", command],
+        ["docker", "run", "--rm", "--network", "none", "-v", f"{SCRIPT}:/install.sh:ro", BASE,
+         "sh", "-c", command],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -56,7 +57,8 @@ def test_the_install_runs_and_a_base_that_still_lacks_a_tool_fails_naming_it() -
 
 
 def test_no_package_manager_and_nothing_missing_installs_nothing_and_drops_host_keys() -> None:
-    # The base of tests/test_base_images.py's job on a base without a package manager (the same build, cached).
+    # The base of tests/test_base_images.py's job on a base without a package manager (the same build,
+    # cached).
     ready = subprocess.run(
         ["docker", "build", "-q", "-t", READY, "-"], input=READY_DOCKERFILE, capture_output=True, text=True
     )
@@ -74,4 +76,7 @@ def test_no_package_manager_and_nothing_missing_installs_nothing_and_drops_host_
 def test_no_package_manager_and_something_missing_is_refused_naming_it() -> None:
     done = in_base("rm -f /usr/bin/apt-get")
     assert done.returncode == 1
-    assert "the base image lacks sshd" in done.stderr and "has no package manager (apt-get, dnf, yum)" in done.stderr
+    assert (
+        "the base image lacks sshd" in done.stderr
+        and "has no package manager (apt-get, dnf, yum)" in done.stderr
+    )

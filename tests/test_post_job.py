@@ -1,5 +1,5 @@
-"""After the job: no step may fail a job that succeeded (they warn), resume that would train nothing is an error,
-and the summary's figures are printed rounded."""
+"""After the job: no step may fail a job that succeeded (they warn), resume that would train nothing is an
+error, and the summary's figures are printed rounded."""
 
 from __future__ import annotations
 
@@ -42,7 +42,9 @@ def train(job: str, **extravars: object) -> PlaybookResult:
     return run_playbook("train.yml", extravars={"job_id": job, "nodes": 2, **extravars})
 
 
-def test_succeeded_job_without_metrics_succeeds_with_a_warning(local_cluster: PlaybookResult, tmp_path: Path) -> None:
+def test_succeeded_job_without_metrics_succeeds_with_a_warning(
+    local_cluster: PlaybookResult, tmp_path: Path
+) -> None:
     for name, text, warning in [
         ("no-metrics", NO_METRICS, "no loss curve: the job wrote no metrics.jsonl"),
         ("empty-metrics", EMPTY_METRICS, "no loss curve: ddp-cluster plot: error:"),
@@ -66,7 +68,7 @@ def test_summary_figures_are_rounded(local_cluster: PlaybookResult) -> None:
     loss = re.search(r"final loss: ([0-9.e+-]+); accuracy: ([0-9.]+)", result.stdout)
     assert loss is not None, result.stdout[-3000:]
     assert loss.group(1) == f"{summary['final_loss']:.4g}" and loss.group(2) == f"{summary['accuracy']:.4f}"
-    speed = re.search(r"samples/s: ([0-9]+); training seconds: ([0-9]+\.[0-9]{2})'", result.stdout)
+    speed = re.search(r"samples/s: ([0-9]+); training seconds: ([0-9]+\.[0-9]{2})$", result.stdout, re.M)
     assert speed is not None, result.stdout[-3000:]
     # summary.json keeps the full values.
     assert len(repr(summary["final_loss"])) > len(loss.group(1))
@@ -79,7 +81,7 @@ def test_resume_with_epochs_not_above_the_checkpoint_fails_naming_both(local_clu
     result = train(job, resume=True, resume_from=first, script_args=QUICK)
     assert result.rc != 0
     flat = " ".join(result.stdout.split())
-    assert "--epochs 2 is not above the checkpoint's epoch 2 (checkpoints/epoch-00002.ckpt)" in flat, result.stdout[
-        -4000:
-    ]
+    assert "--epochs 2 is not above the checkpoint's epoch 2 (checkpoints/epoch-00002.ckpt)" in flat, (
+        result.stdout[-4000:]
+    )
     assert "ask for --epochs 3 or more" in flat

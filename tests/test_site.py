@@ -30,7 +30,9 @@ def test_site_brings_up_every_node(local_cluster: PlaybookResult) -> None:
     assert {"node0", "node1"} <= set(local_cluster.stats["ok"])
     assert local_cluster.failed_hosts() == {}
     for node in ("node0", "node1"):
-        state = docker("inspect", "-f", "{{.State.Running}} {{.HostConfig.RestartPolicy.Name}}", node).stdout.split()
+        state = docker(
+            "inspect", "-f", "{{.State.Running}} {{.HostConfig.RestartPolicy.Name}}", node
+        ).stdout.split()
         assert state == ["true", "unless-stopped"]
 
 
@@ -58,7 +60,9 @@ def test_mpirun_runs_on_both_nodes(local_cluster: PlaybookResult) -> None:
 
 def test_environment_reaches_non_interactive_ssh(local_cluster: PlaybookResult) -> None:
     # mpirun starts remote ranks as `ssh node cmd`: Debian's ~/.bashrc returns early for such shells.
-    out = node_exec("node0", "ssh node1 'command -v python; echo $GLOO_SOCKET_IFNAME; echo $DDP_NODE_NAME'").stdout
+    out = node_exec(
+        "node0", "ssh node1 'command -v python; echo $GLOO_SOCKET_IFNAME; echo $DDP_NODE_NAME'"
+    ).stdout
     assert out.split() == ["/opt/venv/bin/python", "eth0", "node1"]
     assert node_exec("node0", "ssh node1 \"python -c 'import ddp_cluster.train'\"").returncode == 0
 
@@ -68,7 +72,9 @@ def test_password_login_is_off(local_cluster: PlaybookResult) -> None:
     assert "passwordauthentication no" in config
     assert "permitrootlogin without-password" in config
     assert "port 12345" in config
-    refused = node_exec("node0", "ssh -o PubkeyAuthentication=no -o PasswordAuthentication=yes node1 true", check=False)
+    refused = node_exec(
+        "node0", "ssh -o PubkeyAuthentication=no -o PasswordAuthentication=yes node1 true", check=False
+    )
     assert refused.returncode != 0
     assert "Permission denied" in refused.stderr
 

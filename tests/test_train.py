@@ -1,4 +1,5 @@
-"""train.yml on the local cluster: launchers, user scripts, bad input, a failing rank, a dead node and resume."""
+"""train.yml on the local cluster: launchers, user scripts, bad input, a failing rank, a dead node and
+resume."""
 
 from __future__ import annotations
 
@@ -52,12 +53,19 @@ def no_job_processes(node: str, job: str) -> bool:
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
 def test_two_nodes_train_digits(local_cluster: PlaybookResult, launcher: str) -> None:
     job = job_id(launcher)
-    result = train(job, nodes=2, launcher=launcher, script_args=QUICK)
+    # As a user sees it (ansible.cfg's output, without the skipped tasks the other tests read).
+    quiet = {"ANSIBLE_DISPLAY_SKIPPED_HOSTS": "false"}
+    result = run_playbook("train.yml", extravars={"job_id": job, "nodes": 2, "launcher": launcher, "script_args": QUICK},
+                          env=quiet)  # fmt: skip
     assert result.rc == 0, result.stdout[-5000:]
     assert_results(job, world_size=2)
     assert summary(job)["accuracy"] >= 0.9
     assert f"job {job}: succeeded" in result.stdout
     assert "final loss:" in result.stdout and "samples/s:" in result.stdout
+    # The plan, the progress and the summary; no skipped task.
+    assert f"job {job}: {launcher} on node0, node1" in result.stdout
+    assert re.search(rf"job {job}: (starting|running) after \d+ s: ", result.stdout), result.stdout
+    assert "skipping" not in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
@@ -104,7 +112,9 @@ def test_a_whole_project_runs_unmodified_in_its_directory(
     logs = "\n".join(p.read_text() for p in (RUNS / job / "nodes").rglob("*.log") if p.is_file())
     logs += "\n".join(p.read_text() for p in (RUNS / job / "logs").iterdir())
     for rank in (0, 1):
-        assert f"project rank {rank}/2 cwd=/workspace/jobs/{job}/workdir rows=24 label=from-args" in logs, logs[-3000:]
+        assert f"project rank {rank}/2 cwd=/workspace/jobs/{job}/workdir rows=24 label=from-args" in logs, (
+            logs[-3000:]
+        )
     # What rank 0 wrote in its working directory came back; the project as it ran is kept beside the results.
     written = json.loads((RUNS / job / "nodes" / "node0" / "workdir" / "results" / "result.json").read_text())
     assert written | {"loss": 0} == {"label": "from-args", "rows": 24, "lr": 0.05, "loss": 0, "world": 2}
@@ -127,13 +137,22 @@ def test_a_whole_project_runs_unmodified_in_its_directory(
         ({"nodes": -1}, "nodes=-1 is not a whole number of 1 or more"),
         ({"nodes": "two"}, "nodes=two is not a whole number of 1 or more"),
         ({"nodes": 3}, "nodes=3 is more than the 2 nodes of the inventory"),
-        ({"nodes": 2, "launcher": "horovodrun"}, "launcher=horovodrun must be mpirun, torchrun or torch_npu_run"),
-        ({"nodes": 2, "launcher": "torch_npu_run"}, "launcher=torch_npu_run needs torch_npu: it is for npu clusters"),
+        (
+            {"nodes": 2, "launcher": "horovodrun"},
+            "launcher=horovodrun must be mpirun, torchrun or torch_npu_run",
+        ),
+        (
+            {"nodes": 2, "launcher": "torch_npu_run"},
+            "launcher=torch_npu_run needs torch_npu: it is for npu clusters",
+        ),
         ({"nodes": 2, "device": "gpu"}, "device=gpu must be cpu, cuda or npu"),
         ({"nodes": 2, "script": "/nonexistent/train.py"}, "script=/nonexistent/train.py does not exist"),
         ({"nodes": 2, "job_timeout": "soon"}, "job_timeout=soon must be a whole number"),
         ({"nodes": 2, "workdir": str(PROJECT)}, "needs the script to run in it: add -e script=PATH"),
-        ({"nodes": 2, "workdir": str(PROJECT), "script": "../ddp_script.py"}, "must be a path inside workdir="),
+        (
+            {"nodes": 2, "workdir": str(PROJECT), "script": "../ddp_script.py"},
+            "must be a path inside workdir=",
+        ),
         (
             {"nodes": 2, "workdir": str(PROJECT), "script": "train.py", "ddp_job_workdir_max_mb": 0.001},
             "more than the 1.0 KiB a",
@@ -200,7 +219,9 @@ def test_failing_rank_stops_the_job_and_is_named(local_cluster: PlaybookResult) 
     assert "1   rank 1 on node node1 exited with code 3" in result.stdout, result.stdout[-3000:]
 
 
-def test_a_failed_job_is_diagnosed_and_its_log_lines_stay_lines(local_cluster: PlaybookResult, tmp_path: Path) -> None:
+def test_a_failed_job_is_diagnosed_and_its_log_lines_stay_lines(
+    local_cluster: PlaybookResult, tmp_path: Path
+) -> None:
     # A script that imports a sibling module which was not shipped with it (-e script copies one file).
     script = tmp_path / "train_with_helpers.py"
     script.write_text("import helpers_of_mine  # noqa: F401\n")
@@ -250,7 +271,9 @@ def test_dead_node_fails_the_job_and_resume_finishes_it(local_cluster: PlaybookR
     assert done["resumed_from"] is not None
 
 
-def test_accelerator_a_rank_cannot_use_fails_the_job_naming_node_rank_and_reason(local_cluster: PlaybookResult) -> None:
+def test_accelerator_a_rank_cannot_use_fails_the_job_naming_node_rank_and_reason(
+    local_cluster: PlaybookResult,
+) -> None:
     # No GPU here: asking for cuda must fail the job, never train on cpu instead.
     job = job_id("no-gpu")
     result = train(job, nodes=2, device="cuda", script_args=QUICK)

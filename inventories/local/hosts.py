@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Local inventory: N "nodes", each a container on this machine's Docker engine.
 
-The node count is the one setting: DDP_LOCAL_NODES (default 2), e.g. `DDP_LOCAL_NODES=16 ansible-playbook site.yml`.
-Every node's tasks run on this machine (connection local); each node is the container named after it.
+The node count is the one setting: DDP_LOCAL_NODES (default 2), e.g.
+`DDP_LOCAL_NODES=16 ansible-playbook site.yml`. Every node's tasks run on this machine (connection local);
+each node is the container named after it.
 """
 
 import json

@@ -1,6 +1,6 @@
 """Action ``ddp_image_pull``: pull a user's base image onto the engine that builds, with the user's own Docker
-credentials and contexts (the docker CLI's: ``docker login`` is what a user has done), printing its progress as
-it goes, within a bound.
+credentials and contexts (the docker CLI's: ``docker login`` is what a user has done), printing its progress
+as it goes, within a bound.
 
 On failure it says why (not found, unauthorized: ``docker login REGISTRY``, timed out, unreachable) with
 ``ddp_cluster.baseimage.pull_failure``, and it leaves no image of that name: a pull that did not finish never
@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import re
 import select
+import site
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,21 +21,23 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-try:
-    from ddp_cluster.baseimage import pull_failure
-except ImportError:  # a checkout without the package installed: use the sources next to this plugin
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster.baseimage import pull_failure
+# The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
+site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
+
+from ddp_cluster.baseimage import pull_failure
 
 display = Display()
 
 
 def present(name: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", name], capture_output=True, check=False).returncode == 0
+    return (
+        subprocess.run(["docker", "image", "inspect", name], capture_output=True, check=False).returncode == 0
+    )
 
 
 class Layers:
-    """What ``docker pull`` (without a terminal) has said of each layer: ``ID: Pull complete`` and the like."""
+    """What ``docker pull`` (without a terminal) has said of each layer: ``ID: Pull complete`` and the
+    like."""
 
     def __init__(self) -> None:
         self.seen: set[str] = set()
@@ -47,7 +49,13 @@ class Layers:
         if not sep or not re.fullmatch(r"[0-9a-f]{12}", layer):  # a layer's short id; not "TAG: Pulling from"
             return
         self.seen.add(layer)
-        if status in ("Download complete", "Verifying Checksum", "Extracting", "Pull complete", "Already exists"):
+        if status in (
+            "Download complete",
+            "Verifying Checksum",
+            "Extracting",
+            "Pull complete",
+            "Already exists",
+        ):
             self.downloaded.add(layer)
         if status in ("Pull complete", "Already exists"):
             self.done.add(layer)
@@ -74,14 +82,18 @@ class ActionModule(ActionBase):
         if self._task.check_mode:
             result.update(changed=True, msg=f"would pull {name}")
             return result
-        display.display(f"base image {name}: pulling (at most {timeout} s; docker pull {name} shows the same)")
+        display.display(
+            f"base image {name}: pulling (at most {timeout} s; docker pull {name} shows the same)"
+        )
         started = time.monotonic()
         deadline = started + timeout
         layers = Layers()
         said: list[str] = []
         timed_out = False
         # The engine the build uses (DOCKER_HOST, else the default socket), not another docker context's.
-        env = {**os.environ, "NO_COLOR": "1"} | ({} if os.environ.get("DOCKER_HOST") else {"DOCKER_CONTEXT": "default"})
+        env = {**os.environ, "NO_COLOR": "1"} | (
+            {} if os.environ.get("DOCKER_HOST") else {"DOCKER_CONTEXT": "default"}
+        )
         with subprocess.Popen(
             ["docker", "pull", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
         ) as pull:
@@ -97,7 +109,8 @@ class ActionModule(ActionBase):
                     except subprocess.TimeoutExpired:
                         pull.kill()
                     break
-                # Raw reads, never a blocking readline: a line written in halves cannot hold the loop past the bound.
+                # Raw reads, never a blocking readline: a line written in halves cannot hold the loop past the
+                # bound.
                 ready, _, _ = select.select([pull.stdout], [], [], min(1.0, deadline - now))
                 if ready:
                     chunk = os.read(pull.stdout.fileno(), 65536)

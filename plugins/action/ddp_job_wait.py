@@ -1,70 +1,130 @@
-"""Action ``ddp_job_wait``: wait for a supervised job, printing its progress as it goes, within a bound.
+"""Action ``ddp_job_wait``: start a planned job on its first node and wait for it, printing its progress,
+within a bound.
 
-Reads the supervisor's status.json on the host (the node's workspace directory is a host directory) every
-``poll`` seconds through the host's own connection, prints a line whenever the progress changes, and returns
-the final status. Fails only when the bound passes with the job still running (the caller stops it then).
+On the first node's server (its own connection; no module): the job's files (job.tar.gz, and the checkpoint
+to resume from) go into the job's directory; the supervisor starts detached in the node container (``python
+-m ddp_cluster.supervise``: it gives every other node the files, runs the launcher, watches every node); then
+its status.json (:class:`ddp_cluster.status.Status`) is read every ``poll`` seconds and a line printed
+whenever the progress changes. The supervisor enforces job_timeout itself; when this action's own bound
+(job_timeout + 90 s) passes, it stops the supervisor (which stops every rank) and waits for its last word.
+The last status read is returned and written to runs/<id>/status.json on the controller.
+
+    - ddp_job_wait:
+        plan: "{{ _ddp_job_plan }}"
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import shlex
+import site
 import time
+from pathlib import Path
 from typing import Any
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+# The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
+site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
+
+from ddp_cluster import status as job_status
+from ddp_cluster.atomic import write_atomic
+
 display = Display()
-
-
-def describe(progress: Any) -> str:
-    if isinstance(progress, dict):
-        keys = ("epoch", "step", "loss", "test_accuracy", "samples_per_s")
-        parts = [
-            f"{key} {progress[key]:.4g}" if isinstance(progress[key], float) else f"{key} {progress[key]}"
-            for key in keys
-            if progress.get(key) is not None
-        ]
-        return ", ".join(parts) or json.dumps(progress)[:200]
-    return str(progress)[:200] if progress else "starting"
+# Seconds past job_timeout before the controller stops a job whose supervisor did not end it; and to wait for
+# the supervisor's last word after a stop.
+GRACE = 90
+STOP_WAIT = 90
 
 
 class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("status_file", "timeout", "poll", "label"))
+    TRANSFERS_FILES = True
+    _VALID_ARGS = frozenset(("plan",))
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
-        args = self._task.args
-        status_file = args["status_file"]
-        timeout = float(args.get("timeout", 1800))
-        poll = float(args.get("poll", 5))
-        label = args.get("label", "job")
-        deadline = time.monotonic() + timeout
+        plan = self._task.args["plan"]
+        node = str((task_vars or {})["inventory_hostname"])
+        host_dir = plan["host_dirs"][node]
+        label = f"{plan['label']} {plan['id']}"
+        started = self._start(plan, node, host_dir)
+        if started:
+            return {**result, "failed": True, "msg": f"{label}: could not start on {node}: {started}"}
+        status = self._wait(
+            f"{host_dir}/{job_status.FILE}", float(plan["timeout"]) + GRACE, float(plan["poll"]), label
+        )
+        if status is None or not status.done:
+            display.display(
+                f"{label}: still running after the {float(plan['timeout']) + GRACE:g} s bound: stopping it"
+            )
+            self._low_level_execute_command(
+                f"docker exec {shlex.quote(node)} pkill -TERM -f"
+                f" {shlex.quote(supervisor_pattern(plan['job_dir']))}"
+            )
+            status = self._wait(f"{host_dir}/{job_status.FILE}", STOP_WAIT, 3.0, label) or status
+        final = status or job_status.Status(state="failed", reason="no status from the supervisor")
+        if not final.done:
+            final = final.update(state="failed", reason=final.reason or "the supervisor did not end the job")
+        run_dir = Path(plan["run_dir"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / job_status.FILE, final.dumps().encode())
+        return {**result, "changed": True, "state": final.state, "status": final.to_dict()}
+
+    def _start(self, plan: dict[str, Any], node: str, host_dir: str) -> str:
+        """Put the job's files on the node and start its supervisor; '' or what went wrong."""
+        tmp = self._make_tmp_path()
+        try:
+            bundle = f"{tmp}job.tar.gz"
+            self._transfer_file(plan["bundle"], bundle)
+            where = shlex.quote(host_dir)
+            steps = [f"mkdir -p {where}/output/checkpoints", f"cp {shlex.quote(bundle)} {where}/job.tar.gz"]
+            steps.append(f"tar -xzf {where}/job.tar.gz -C {where}")
+            if plan.get("resume_checkpoint"):
+                name = Path(plan["resume_checkpoint"]).name
+                self._transfer_file(plan["resume_checkpoint"], f"{tmp}{name}")
+                steps.append(f"cp {shlex.quote(tmp + name)} {where}/output/checkpoints/{shlex.quote(name)}")
+            job_dir = shlex.quote(plan["job_dir"])
+            supervise = (
+                f". /etc/ddp-cluster/env.sh && exec python -m ddp_cluster.supervise --job-dir {job_dir}"
+                f" > {job_dir}/supervisor.log 2>&1"
+            )
+            steps.append(f"docker exec -d {shlex.quote(node)} /bin/bash -c {shlex.quote(supervise)}")
+            done = self._low_level_execute_command(" && ".join(steps))
+        finally:
+            self._remove_tmp_path(tmp)
+        if done["rc"] != 0:
+            return (str(done.get("stderr", "")).strip() or str(done.get("stdout", "")).strip())[
+                -500:
+            ] or f"rc {done['rc']}"
+        return ""
+
+    def _wait(self, status_file: str, bound: float, poll: float, label: str) -> job_status.Status | None:
+        """Read status.json until the job is done or ``bound`` seconds passed; print the progress as it
+        changes."""
+        deadline = time.monotonic() + bound
         shown = None
-        status: dict[str, Any] = {}
+        status = None
         while True:
-            done = self._low_level_execute_command(f"cat {shlex.quote(status_file)}")
+            done = self._low_level_execute_command(f"cat {shlex.quote(status_file)} 2>/dev/null")
             if done["rc"] == 0:
-                with contextlib.suppress(ValueError):  # a partial read: the next poll sees the whole file
-                    status = json.loads(done["stdout"])
-            state = status.get("state", "starting")
-            line = f"{label}: {state} after {status.get('elapsed', 0):.0f} s: {describe(status.get('progress'))}"
-            if state != "running" and state != "starting":
-                display.display(line)
-                result.update(changed=True, status=status, state=state)
-                return result
-            if line.split(": ", 2)[2] != shown:
-                display.display(line)
-                shown = line.split(": ", 2)[2]
+                # a partial read: the next poll sees the whole file
+                with contextlib.suppress(job_status.StatusError):
+                    status = job_status.loads(str(done["stdout"]))
+            progress = job_status.describe_progress(status.progress if status else None)
+            state = status.state if status else "starting"
+            elapsed = status.elapsed if status else 0.0
+            if status is not None and status.done:
+                display.display(f"{label}: {state} after {elapsed:.0f} s: {progress}")
+                return status
+            if progress != shown:
+                display.display(f"{label}: {state} after {elapsed:.0f} s: {progress}")
+                shown = progress
             if time.monotonic() >= deadline:
-                result.update(
-                    failed=True,
-                    status=status,
-                    state="timeout",
-                    msg=f"{label} still {state} after the {timeout:g} s bound: stopping it",
-                )
-                return result
+                return status
             time.sleep(poll)
+
+
+def supervisor_pattern(job_dir: str) -> str:
+    """pkill's pattern of the job's supervisor (its command line ends with --job-dir JOB)."""
+    return f"ddp_cluster.supervise --job-dir {job_dir}$"

@@ -1,7 +1,7 @@
-"""Connection ``ddp_docker``: community.docker's ``docker`` connection (the docker CLI on the controller, which
-reaches a server's engine with ``-H ssh://ADDRESS``), and, on a controller without the docker CLI (a Mac or a
-locked-down jump host that builds nothing itself), the same calls through ``scripts/docker-over-ssh``: the
-controller's own ssh runs the server's docker CLI, stdin and stdout passed through.
+"""Connection ``ddp_docker``: community.docker's ``docker`` connection (the docker CLI on the controller,
+which reaches a server's engine with ``-H ssh://ADDRESS``), and, on a controller without the docker CLI (a Mac
+or a locked-down jump host that builds nothing itself), the same calls through ``scripts/docker-over-ssh``:
+the controller's own ssh runs the server's docker CLI, stdin and stdout passed through.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ DOCUMENTATION = r"""
 name: ddp_docker
 short_description: Run tasks in a node container, with or without the docker CLI on the controller
 description:
-  - community.docker.docker, whose docker command is scripts/docker-over-ssh when the controller has no docker CLI
-    (then ansible_docker_extra_args must name the server, -H ssh://USER@ADDRESS).
+  - community.docker.docker, whose docker command is scripts/docker-over-ssh when the controller has no docker
+    CLI (then ansible_docker_extra_args must name the server, -H ssh://USER@ADDRESS).
 options:
   remote_addr:
     description: The container's name.
@@ -70,7 +70,7 @@ options:
 SHIM = Path(__file__).resolve().parents[2] / "scripts" / "docker-over-ssh"
 
 
-class Connection(DockerConnection):  # type: ignore[misc]
+class Connection(DockerConnection):
     transport = "ddp_docker"
 
     def __init__(self, play_context: Any, new_stdin: Any, *args: Any, **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-"""Filters over the ``ddp_cluster`` package: NPU device-IP plans, hccn_tool output, port ranges, node addresses.
+"""Filters over the ``ddp_cluster`` package: NPU device-IP plans, device NIC settings, port ranges, addresses.
 
 The playbooks call the same code as ``ddp-cluster ip-plan check`` and ``ddp-cluster hccn``. The package is
 imported from ``python/src`` next to this file when it is not installed, so the controller needs no install.
@@ -6,12 +6,13 @@ imported from ``python/src`` next to this file when it is not installed, so the 
 Plans built from the inventory (every host of the group contributes one server)::
 
     {{ hostvars | ddp_npu_plan_check(groups['nodes'], npu_product, npu_device_netmask) }}   -> violations
-    {{ hostvars | ddp_npu_plan(groups['nodes'], npu_product, npu_device_netmask) }}         -> plan, seeds expanded
-    {{ plan | ddp_hccn_device_settings(inventory_hostname, detect_ips, gateways) }}         -> per-device settings
+    {{ hostvars | ddp_npu_plan(groups['nodes'], npu_product, npu_device_netmask) }}   -> plan, seeds expanded
+    {{ plan | ddp_hccn_device_settings(inventory_hostname, detect_ips, gateways) }}   -> per-device settings
 
-Per host, the inventory gives ``npu_host_ip`` (default: ``ansible_host``, else the inventory name) and either
-``npu_device_ips`` (one address per device, device 0 first) or ``npu_device_ip_seed`` with
-``npu_device_count`` (default 8), expanded as the vendor manuals lay addresses out (see ``ddp_cluster.ipplan``).
+Per host, the inventory gives ``npu_host_ip`` (default: ``ansible_host``, else the inventory name) and
+either ``npu_device_ips`` (one address per device, device 0 first) or ``npu_device_ip_seed`` with
+``npu_device_count`` (default 8), expanded as the vendor manuals lay addresses out (see
+``ddp_cluster.ipplan``).
 """
 
 from __future__ import annotations
@@ -20,19 +21,18 @@ import ipaddress
 import os
 import re
 import shlex
+import site
 import socket
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-try:
-    from ddp_cluster import hccn, ipplan
-except ImportError:  # a checkout without the package installed: use the sources next to this plugin
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster import hccn, ipplan
+# The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
+site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
+
+from ddp_cluster import hccn, ipplan
 
 HOST_IP_VAR = "npu_host_ip"
 DEVICE_IPS_VAR = "npu_device_ips"
@@ -66,7 +66,9 @@ def _host_var(variables: Mapping[str, Any], name: str) -> Any:
     return None if value is None or value == "" else _plain(value)
 
 
-def _server_from_hostvars(hostvars: Mapping[str, Any], host: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _server_from_hostvars(
+    hostvars: Mapping[str, Any], host: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One plan server from a host's inventory variables, and the problems found on the way."""
     if host not in hostvars:
         return {}, [_inventory_violation(host, "is not a host of the inventory")]
@@ -118,8 +120,11 @@ def _raw_plan(
     return {"product": _plain(product), "netmask": _plain(netmask), "servers": servers}, problems
 
 
-def npu_plan_check(hostvars: Mapping[str, Any], hosts: Iterable[str], product: Any, netmask: Any) -> list[dict]:
-    """Every problem of the plan the inventory describes (server, device, rule, message, severity); never raises."""
+def npu_plan_check(
+    hostvars: Mapping[str, Any], hosts: Iterable[str], product: Any, netmask: Any
+) -> list[dict[str, Any]]:
+    """Every problem of the plan the inventory describes (server, device, rule, message, severity); never
+    raises."""
     plan, problems = _raw_plan(hostvars, hosts, product, netmask)
     if problems:
         return problems
@@ -127,25 +132,13 @@ def npu_plan_check(hostvars: Mapping[str, Any], hosts: Iterable[str], product: A
 
 
 def npu_plan(hostvars: Mapping[str, Any], hosts: Iterable[str], product: Any, netmask: Any) -> dict[str, Any]:
-    """The plan the inventory describes, seeds expanded; an error naming the host or key if it is malformed."""
+    """The plan the inventory describes, seeds expanded; an error naming the host or key if it is
+    malformed."""
     plan, problems = _raw_plan(hostvars, hosts, product, netmask)
     if problems:
         raise AnsibleFilterError("; ".join(f"{p['server']}: {p['message']}" for p in problems))
     try:
         return ipplan.normalize_plan_dict(plan)
-    except ipplan.PlanError as exc:
-        raise AnsibleFilterError(f"the NPU device-IP plan is malformed: {exc}") from None
-
-
-def ip_plan_check(plan: Any) -> list[dict[str, Any]]:
-    """check_plan for a plan given as data (product, netmask, servers); never raises."""
-    return ipplan.check_plan_dict(_plain(plan))
-
-
-def ip_plan_expand(plan: Any) -> dict[str, Any]:
-    """A plan given as data with every device_ip_seed expanded."""
-    try:
-        return ipplan.normalize_plan_dict(_plain(plan))
     except ipplan.PlanError as exc:
         raise AnsibleFilterError(f"the NPU device-IP plan is malformed: {exc}") from None
 
@@ -157,7 +150,11 @@ def violation_lines(violations: Iterable[Mapping[str, Any]], severity: str | Non
         if severity is not None and v.get("severity") != severity:
             continue
         lines.append(
-            str(ipplan.Violation(v.get("server"), v.get("device"), v["rule"], v["message"], v.get("severity", "error")))
+            str(
+                ipplan.Violation(
+                    v.get("server"), v.get("device"), v["rule"], v["message"], v.get("severity", "error")
+                )
+            )
         )
     return lines
 
@@ -169,37 +166,14 @@ def violation_report(
     return "\n".join(indent + line for line in violation_lines(violations, severity))
 
 
-def hccn_device_settings(plan: Any, host: str, detect_ips: Any = None, gateways: Any = None) -> list[dict[str, Any]]:
+def hccn_device_settings(
+    plan: Any, host: str, detect_ips: Any = None, gateways: Any = None
+) -> list[dict[str, Any]]:
     """What hccn_tool should set on each device of one host (see ddp_cluster.hccn.device_settings)."""
     try:
         return hccn.device_settings(_plain(plan), str(host), _plain(detect_ips), _plain(gateways))
     except hccn.HccnError as error:
         raise AnsibleFilterError(str(error)) from error
-
-
-def hccn_fields(text: Any) -> dict[str, str]:
-    """``key: value`` lines of hccn_tool output as a dict (see ddp_cluster.hccn.fields)."""
-    return hccn.fields(str(text or ""))
-
-
-def net_health_name(text: Any) -> str:
-    """The status of ``-net_health -g`` output by name (see ddp_cluster.hccn.net_health_name)."""
-    return hccn.net_health_name(str(text or ""))
-
-
-def hccn_changes(settings: Any, readings: Any) -> list[dict[str, Any]]:
-    """The ``-s`` calls that bring each device to its settings, only where it differs (ddp_cluster.hccn.changes)."""
-    return hccn.changes(_plain(settings), _plain(readings) or {})
-
-
-def hccn_change_line(change: Mapping[str, Any]) -> str:
-    """``device 1 ip: 192.168.1.50 255.255.0.0 -> 192.168.101.101 255.255.255.0``"""
-    return hccn.change_line(change)
-
-
-def hccn_problems(settings: Any, readings: Any, check_lldp: bool = True) -> list[str]:
-    """Why each device is not ready, one line per device (ddp_cluster.hccn.problems)."""
-    return hccn.problems(_plain(settings), _plain(readings) or {}, bool(check_lldp))
 
 
 _PORT_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -241,13 +215,15 @@ def port_ranges(*specs: Any) -> str:
 
 def node_addresses(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> dict[str, str]:
     """Where each node is reached on a host network, as an IP address: its node_container_address, else
-    ansible_host, else its name; a name is resolved on the controller (IPv4 first), since /etc/hosts entries and
-    firewall rules take addresses. Preflight then checks on each server that the address is on its interface.
+    ansible_host, else its name; a name is resolved on the controller (IPv4 first), since /etc/hosts entries
+    and firewall rules take addresses. Preflight then checks on each server that the address is on its
+    interface.
 
-    A node on the controller's own engine (connection local) with no address of its own shares the controller's
-    network namespace: its address is the loopback's.
+    A node on the controller's own engine (connection local) with no address of its own shares the
+    controller's network namespace: its address is the loopback's.
 
-    Role defaults are not in hostvars, so an inventory's own setting is read here with the role's fallback order.
+    Role defaults are not in hostvars, so an inventory's own setting is read here with the role's fallback
+    order.
     """
     addresses = {}
     for host in hosts:
@@ -269,17 +245,18 @@ def _resolve(host: str, address: str) -> str:
         found = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
     except OSError as error:
         raise AnsibleFilterError(
-            f"{host}: its address {address!r} (node_container_address, else ansible_host, else the host's name) "
-            f"does not resolve on the controller ({error}): give the server's IP address"
+            f"{host}: its address {address!r} (node_container_address, else ansible_host, else the host's "
+            f"name) does not resolve on the controller ({error}): give the server's IP address"
         ) from error
     found.sort(key=lambda entry: entry[0] != socket.AF_INET)
     return str(found[0][4][0])
 
 
 def ssh_targets(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> list[dict[str, Any]]:
-    """How the controller's own ssh reaches each server as Ansible does: ansible_host, ansible_port, ansible_user,
-    ansible_ssh_private_key_file, ansible_ssh_common_args and ansible_ssh_extra_args, the target last. Host-key
-    checking stays on (a server's key must be pinned, as for Ansible); the rest comes from ~/.ssh/config."""
+    """How the controller's own ssh reaches each server as Ansible does: ansible_host, ansible_port,
+    ansible_user, ansible_ssh_private_key_file, ansible_ssh_common_args and ansible_ssh_extra_args, the target
+    last. Host-key checking stays on (a server's key must be pinned, as for Ansible); the rest comes from
+    ~/.ssh/config."""
     targets = []
     for host in hosts:
         variables = hostvars[host]
@@ -290,7 +267,9 @@ def ssh_targets(hostvars: Mapping[str, Any], hosts: Iterable[str]) -> list[dict[
         user = _host_var(variables, "ansible_user") or _host_var(variables, "ansible_ssh_user")
         if user is not None:
             argv += ["-l", str(user)]
-        key = _host_var(variables, "ansible_ssh_private_key_file") or _host_var(variables, "ansible_private_key_file")
+        key = _host_var(variables, "ansible_ssh_private_key_file") or _host_var(
+            variables, "ansible_private_key_file"
+        )
         if key is not None:
             argv += ["-i", os.path.expanduser(str(key))]
         for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
@@ -305,16 +284,9 @@ class FilterModule:
         return {
             "ddp_npu_plan_check": npu_plan_check,
             "ddp_npu_plan": npu_plan,
-            "ddp_ip_plan_check": ip_plan_check,
-            "ddp_ip_plan_expand": ip_plan_expand,
             "ddp_ip_plan_lines": violation_lines,
             "ddp_ip_plan_report": violation_report,
             "ddp_hccn_device_settings": hccn_device_settings,
-            "ddp_hccn_fields": hccn_fields,
-            "ddp_hccn_changes": hccn_changes,
-            "ddp_hccn_change_line": hccn_change_line,
-            "ddp_hccn_problems": hccn_problems,
-            "ddp_net_health_name": net_health_name,
             "ddp_port_ranges": port_ranges,
             "ddp_node_addresses": node_addresses,
             "ddp_ssh_targets": ssh_targets,

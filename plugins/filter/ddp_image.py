@@ -1,16 +1,16 @@
-"""Filters over ``ddp_cluster.baseimage``: the base image a node image is built on, read from the role's probe."""
+"""Filters over ``ddp_cluster.baseimage``: the base image a node image is built on, read from the role's
+probe."""
 
 from __future__ import annotations
 
-import sys
+import site
 from pathlib import Path
 from typing import Any
 
-try:
-    from ddp_cluster import baseimage, builder
-except ImportError:  # a checkout without the package installed: use the sources next to this plugin
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster import baseimage, builder
+# The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
+site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
+
+from ddp_cluster import baseimage, builder
 
 
 def ddp_base_image(probe: Any, image: str, python_override: str = "") -> dict[str, Any]:
@@ -42,12 +42,21 @@ def ddp_base_problems(
 
 
 def ddp_image_builder(
-    setting: Any, controller: Any, servers: Any, local_hosts: Any = (), build_host: Any = "", image_arch: Any = ""
+    setting: Any,
+    controller: Any,
+    servers: Any,
+    local_hosts: Any = (),
+    build_host: Any = "",
+    image_arch: Any = "",
 ) -> dict[str, str]:
     """builder (controller|server), host (the inventory host whose engine builds) and reason; or error, the
-    sentence that says why the setting cannot work. ``controller`` is the registered result of ``docker version``
-    on the controller, ``servers`` maps each remote server to its engine's answer."""
-    answered = isinstance(controller, dict) and controller.get("rc") == 0 and str(controller.get("stdout", "")).strip()
+    sentence that says why the setting cannot work. ``controller`` is the registered result of
+    ``docker version`` on the controller, ``servers`` maps each remote server to its engine's answer."""
+    answered = (
+        isinstance(controller, dict)
+        and controller.get("rc") == 0
+        and str(controller.get("stdout", "")).strip()
+    )
     reason = ""
     if not answered:
         said = controller.get("stderr") or controller.get("msg") if isinstance(controller, dict) else ""
@@ -68,8 +77,11 @@ def ddp_image_builder(
 
 
 def ddp_pull_failure(image: Any, output: Any, timed_out: Any, timeout: Any) -> str:
-    """Why a build server's ``docker pull`` of the base image failed, and what to do (as on the controller)."""
-    return baseimage.pull_failure(str(image), str(output or ""), str(timed_out).lower() == "true", int(timeout))
+    """Why a build server's ``docker pull`` of the base image failed, and what to do (as on the
+    controller)."""
+    return baseimage.pull_failure(
+        str(image), str(output or ""), str(timed_out).lower() == "true", int(timeout)
+    )
 
 
 def ddp_docker_arch(name: Any) -> str:

@@ -1,17 +1,17 @@
-"""Reading what a probe command printed as ``key: value`` lines (one command per server answers several checks)."""
+"""Reading what a probe command printed as ``key: value`` lines (one command per server answers several
+checks)."""
 
 from __future__ import annotations
 
-import sys
+import site
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-try:
-    from ddp_cluster import tls
-except ImportError:  # a checkout without the package installed: use the sources next to this plugin
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster import tls
+# The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
+site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
+
+from ddp_cluster import tls
 
 
 def ddp_key_lines(text: Any) -> dict[str, list[str]]:
@@ -25,9 +25,9 @@ def ddp_key_lines(text: Any) -> dict[str, list[str]]:
     return found
 
 
-def _device_blocks(text: str) -> dict[int, str]:
+def _device_blocks(text: str) -> dict[int | str, str]:
     """``== N`` headed blocks (one per device) of the preflight's TLS probe."""
-    blocks: dict[int, str] = {}
+    blocks: dict[int | str, str] = {}
     for block in str(text or "").split("== ")[1:]:
         head, _, body = block.partition("\n")
         if head.strip().isdigit():
@@ -41,7 +41,9 @@ def ddp_tls_verdict(outputs: Mapping[str, Any], required: Any = None) -> dict[st
     want = None if required in (None, "") else int(required)
     blocks = {str(host): _device_blocks(text) for host, text in outputs.items()}
     verdict = tls.tls_verdict(blocks, want)
-    unread = [f"{host}: no device's TLS switch could be read" for host, devices in blocks.items() if not devices]
+    unread = [
+        f"{host}: no device's TLS switch could be read" for host, devices in blocks.items() if not devices
+    ]
     return {
         "ok": verdict.ok and not unread,
         "majority": verdict.majority,

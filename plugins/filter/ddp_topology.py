@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import sys
+import site
 from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-try:
-    from ddp_cluster import topology
-except ImportError:  # a checkout without the package installed: use the sources next to this plugin
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "src"))
-    from ddp_cluster import topology
+# The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
+site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
+
+from ddp_cluster import topology
 
 READERS = {"npu": topology.npu_affinity, "gpu": topology.gpu_affinity}
 TOOLS = {"npu": "npu-smi info -t topo", "gpu": "nvidia-smi topo -m"}
@@ -24,7 +23,8 @@ def ddp_cpu_binding(stdout: Any, accelerator: Any) -> str:
     kind = str(accelerator)
     if kind not in READERS:
         raise AnsibleFilterError(
-            f"ddp_cpu_binding: accelerator {kind!r} has no topology tool (npu: {TOOLS['npu']}, gpu: {TOOLS['gpu']})"
+            f"ddp_cpu_binding: accelerator {kind!r} has no topology tool "
+            f"(npu: {TOOLS['npu']}, gpu: {TOOLS['gpu']})"
         )
     try:
         return topology.binding_text(READERS[kind](str(stdout or "")))

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import clean_environ, free_port
 
 from ddp_cluster import health
+
+from conftest import clean_environ, free_port
 
 # Small and quick: the figures are not judged here (the fraction is low), only what the gate reports.
 QUICK = ["--min-bytes", "4096", "--max-bytes", "65536", "--seconds-per-size", "0.05", "--fraction", "0.01"]

@@ -88,6 +88,56 @@ def test_changes_only_what_differs_addresses_first_and_problems_per_device() -> 
     )
 
 
+def test_changes_name_the_calls_and_the_current_values() -> None:
+    settings = hccn.device_settings(plan(), "s0")[:2]
+    ips0, ips1 = (server["device_ips"] for server in plan()["servers"])
+    found = readings(
+        **{
+            "0": {
+                "-ip": f"ipaddr:{ips0[0]}\nnetmask:255.255.255.0\n",
+                "-netdetect": f"netdetect address: {ips1[0]}\n",
+            },
+            "1": {"-ip": "ipaddr:192.168.1.50\nnetmask:255.255.0.0\n", "-netdetect": ""},
+        }
+    )
+    changes = hccn.changes(settings, found)
+    assert changes[0]["args"] == ["-ip", "-s", "address", ips0[1], "netmask", "255.255.255.0"]
+    assert changes[0]["current"] == "192.168.1.50 255.255.0.0"
+    assert hccn.change_line(changes[1]) == f"device 1 netdetect: unset -> {ips1[1]}"
+
+
+def test_problems_name_each_device_and_status() -> None:
+    settings = hccn.device_settings(plan(), "s0")[:3]
+    ips0, ips1 = (server["device_ips"] for server in plan()["servers"])
+    healthy = {"-link": "link status: UP\n", "-lldp": "Chassis ID TLV\n"}
+    found = readings(
+        **{
+            "0": {
+                "-ip": f"ipaddr:{ips0[0]}\nnetmask:255.255.255.0",
+                "-net_health": "net health status: Success",
+                **healthy,
+            },
+            "1": {
+                "-ip": f"ipaddr:{ips0[1]}\nnetmask:255.255.255.0",
+                "-net_health": "net health status: 2",
+                **healthy,
+            },
+            "2": {
+                "-ip": "",
+                "-net_health": "net health status: Fault",
+                "-link": "link status: DOWN",
+                "-lldp": "",
+            },
+        }
+    )
+    assert hccn.problems(settings, found) == [
+        f"device 1: net health Receive timeout (netdetect address {ips1[1]})",
+        f"device 2: address is none, planned {ips0[2]} 255.255.255.0; net health Fault (netdetect address "
+        f"{ips1[2]}); link DOWN; no LLDP neighbour (-lldp -g is empty: check the switch port)",
+    ]
+    assert hccn.problems(settings[2:], found, check_lldp=False)[0].endswith("link DOWN")
+
+
 @pytest.fixture
 def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = tmp_path / "doubles"

@@ -124,30 +124,3 @@ def test_the_program_every_rank_runs(changes: dict[str, Any], program: list[str]
 def test_no_network_no_launch() -> None:
     with pytest.raises(JobSpecError, match="no cluster network"):
         make(networks=[]).launch_argv()
-
-
-def test_from_the_playbooks_plan() -> None:
-    plan = {
-        "id": "j2",
-        "kind": "train",
-        "run_dir": "/r/j2",
-        "nodes": ["a", "b"],
-        "nproc_per_node": "1",
-        "world_size": 2,
-        "launcher": "torchrun",
-        "script": "",
-        "workdir": "",
-        "script_args": [],
-        "resume_checkpoint": "/r/x.ckpt",
-        "timeout": 60,
-        "master_port": 29501,
-        "device": "cpu",
-        "accelerator": "cpu",
-        "hccl_init": "rank_table",
-    }
-    spec = job.from_plan(
-        plan, "/workspace/jobs/j2", ["10.0.0.0/24"], {"A": 1}, ["--oversubscribe"], "29510-29519", 0.5
-    )
-    assert (spec.nproc_per_node, spec.resume, spec.workdir, dict(spec.env)) == (1, True, False, {"A": "1"})
-    argv = spec.launch_argv()
-    assert "--oversubscribe" in argv and argv[argv.index("oob_tcp_static_ipv4_ports") + 1] == "29510-29519"

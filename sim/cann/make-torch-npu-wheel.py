@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Build the torch_npu stand-in (sim/cann/torch_npu) as a wheel: OUTDIR/torch_npu-V-1-cp311-cp311-manylinux_2_28_M.whl.
+"""Build the torch_npu stand-in (sim/cann/torch_npu) as a wheel:
+OUTDIR/torch_npu-V-1-cp311-cp311-manylinux_2_28_M.whl.
 
-Real nodes get torch_npu from a wheel (PyPI's, or a site wheelhouse), not from the CANN image, so the simulated
-ones do too. The wheel carries the real torch-npu wheel's metadata for version V (default: the package's
-torch_npu/version.py): Name torch_npu, Requires-Dist torch==V.*, numpy, pyyaml; the console script torch_npu_run
-and torch's autoload entry point (group torch.backends); WHEEL Root-Is-Purelib false and the real wheel's tag for
-CPython 3.11 on this machine (M: `uname -m`). The build tag 1 makes pip prefer it over PyPI's wheel of the same
-version and tags (pip orders candidates by version, then tag priority, then build tag).
+Real nodes get torch_npu from a wheel (PyPI's, or a site wheelhouse), not from the CANN image, so the
+simulated ones do too. The wheel carries the real torch-npu wheel's metadata for version V (default: the
+package's torch_npu/version.py): Name torch_npu, Requires-Dist torch==V.*, numpy, pyyaml; the console
+script torch_npu_run and torch's autoload entry point (group torch.backends); WHEEL Root-Is-Purelib false and
+the real wheel's tag for CPython 3.11 on this machine (M: `uname -m`). The build tag 1 makes pip prefer it
+over PyPI's wheel of the same version and tags (pip orders candidates by version, then tag priority, then
+build tag).
 
-Usage: make-torch-npu-wheel.py [--version V] OUTDIR. Standard library only (Python >= 3.9); the wheel is written
-beside its final name and renamed into place, so a concurrent reader never sees half a file.
+Usage: make-torch-npu-wheel.py [--version V] OUTDIR. Standard library only (Python >= 3.9); the wheel is
+written beside its final name and renamed into place, so a concurrent reader never sees half a file.
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ def build(outdir: Path, version: str) -> Path:
     sections = []
     for group, (name, module, attribute) in ENTRY_POINTS.items():
         if not defines(module, attribute):
-            sys.exit(f"the stand-in's {module} has no {attribute}: the {group} entry point {name} would not load")
+            sys.exit(
+                f"the stand-in's {module} has no {attribute}: the {group} entry point {name} would not load"
+            )
         sections.append(f"[{group}]\n{name} = {module}:{attribute}\n")
     metadata = (
         "Metadata-Version: 2.4\n"
@@ -95,7 +99,8 @@ def build(outdir: Path, version: str) -> Path:
         "Requires-Dist: numpy\n"
         "Requires-Dist: pyyaml\n"
         "\n"
-        "ddp-cluster's stand-in of torch_npu (sim/cann/torch_npu): no kernels, imports only with the Ascend driver's\n"
+        "ddp-cluster's stand-in of torch_npu (sim/cann/torch_npu): no kernels, imports only "
+        "with the Ascend driver's\n"
         "libraries on LD_LIBRARY_PATH.\n"
     )
     wheel = (

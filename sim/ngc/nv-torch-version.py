@@ -1,8 +1,9 @@
-"""Give the installed torch NVIDIA's version label, as NGC's own build of torch carries (X.Y.Za0+<10 hex>.nvYY.MM).
+"""Give the installed torch NVIDIA's version label, as NGC's own build of torch carries (X.Y.Za0+<10
+hex>.nvYY.MM).
 
 Usage: python3 nv-torch-version.py VERSION. Rewrites, in the site directory pip installed torch into: the
-dist-info directory's name, its METADATA Version, torch/version.py's __version__ (and its compiled copy), and the
-RECORD lines for all of them (paths, sha256 digests, sizes), so that importlib.metadata.version("torch"),
+dist-info directory's name, its METADATA Version, torch/version.py's __version__ (and its compiled copy), and
+the RECORD lines for all of them (paths, sha256 digests, sizes), so that importlib.metadata.version("torch"),
 torch.__version__ and pip agree on the new version. Standard library only; run by sim/ngc/Dockerfile.
 """
 
@@ -21,7 +22,11 @@ from pathlib import Path
 
 def digest(path: Path) -> str:
     data = path.read_bytes()
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode() + f",{len(data)}"
+    return (
+        "sha256="
+        + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        + f",{len(data)}"
+    )
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""A user's script that reports where its rank may run: `affinity-probe {json}` with the node, the rank, the local
-rank, os.sched_getaffinity and what `taskset -p` says of the rank's own process."""
+"""A user's script that reports where its rank may run: `affinity-probe {json}` with the node, the rank, the
+local rank, os.sched_getaffinity and what `taskset -p` says of the rank's own process."""
 
 import json
 import os

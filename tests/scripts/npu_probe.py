@@ -1,8 +1,8 @@
 """A user's script for the simulated Ascend servers: every rank imports torch_npu and reports what it sees.
 
-Prints one line per rank, `npu-probe {json}`, with the node, the rank, whether torch_npu imported (and why not),
-the NPU count it reports, and the variables a CANN image sets in its ENV; then an all-reduce over gloo proves the
-ranks form one job. There are no chips on the sim: the collective runs on cpu.
+Prints one line per rank, `npu-probe {json}`, with the node, the rank, whether torch_npu imported (and why
+not), the NPU count it reports, and the variables a CANN image sets in its ENV; then an all-reduce over gloo
+proves the ranks form one job. There are no chips on the sim: the collective runs on cpu.
 """
 
 import json

@@ -1,9 +1,9 @@
-"""The node image built where the servers are (cluster_image_builder, issue 22), on simulated servers made fresh
-for this module, from a controller without Docker: no docker CLI on its PATH and no engine to reach.
+"""The node image built where the servers are (cluster_image_builder, issue 22), on simulated servers made
+fresh for this module, from a controller without Docker: no docker CLI on its PATH and no engine to reach.
 
-Both servers are bare (an engine, no image). ``auto`` builds on sim-server0: its engine makes the project's base
-image (debootstrap, installed there from the server's own package sources) and builds the node image from a
-context of sources and wheels sent from the controller; sim-server1 pulls the image from a registry on
+Both servers are bare (an engine, no image). ``auto`` builds on sim-server0: its engine makes the project's
+base image (debootstrap, installed there from the server's own package sources) and builds the node image from
+a context of sources and wheels sent from the controller; sim-server1 pulls the image from a registry on
 sim-server0 over the cluster's own network. (A base already loaded on the servers, as at Ascend sites:
 bench/bench_builder.py.)
 """
@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_sim import (
+
+from .conftest import (
     NODE_IMAGE,
     QUICK,
     REGISTRY_PORT,
@@ -33,7 +34,6 @@ from test_sim import (
     task_output,
     wait_engine,
 )
-
 from conftest import REPO, PlaybookResult, run_playbook
 
 BASE = "ddp-cluster/base:bookworm"
@@ -41,7 +41,8 @@ BASE = "ddp-cluster/base:bookworm"
 
 @pytest.fixture(scope="module")
 def no_docker(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A controller's environment without Docker: a PATH with every tool of /usr/bin but docker, and no engine."""
+    """A controller's environment without Docker: a PATH with every tool of /usr/bin but docker, and no
+    engine."""
     bin_dir = tmp_path_factory.mktemp("no-docker-bin")
     for entry in Path("/usr/bin").iterdir():
         if not entry.name.startswith("docker"):
@@ -71,9 +72,13 @@ def assert_nothing_left() -> None:
     """No registry, tunnel, ephemeral key, work directory or registry name left on any server."""
     for server in SERVERS:
         assert not on_server(server, f"ss -Htln 'sport = :{REGISTRY_PORT}'").stdout.strip(), server
-        assert on_server(server, "pgrep -f '[r]egistry serve|[s]sh -N -i' || true").stdout.strip() == "", server
+        assert on_server(server, "pgrep -f '[r]egistry serve|[s]sh -N -i' || true").stdout.strip() == "", (
+            server
+        )
         assert "ddp-cluster-image-" not in on_server(server, "cat /root/.ssh/authorized_keys").stdout, server
-        assert on_server(server, "ls -d /tmp/ddp-registry.* /tmp/ddp-pull.* 2>/dev/null || true").stdout == "", server
+        assert (
+            on_server(server, "ls -d /tmp/ddp-registry.* /tmp/ddp-pull.* 2>/dev/null || true").stdout == ""
+        ), server
         assert not on_server(server, "docker image ls -q '127.0.0.1:*/*/*'").stdout.strip(), server
 
 
@@ -92,10 +97,14 @@ def built_on_server(no_docker: dict[str, str]) -> Iterator[PlaybookResult]:
         sim("down")
 
 
-def test_auto_builds_on_the_first_server_when_the_controller_has_no_docker(built_on_server: PlaybookResult) -> None:
+def test_auto_builds_on_the_first_server_when_the_controller_has_no_docker(
+    built_on_server: PlaybookResult,
+) -> None:
     # Said in preflight, and again by the image stage.
     said = " ".join(built_on_server.stdout.split())
-    assert said.count("node image: built on the server sim-server0 (this controller has no Docker engine") == 2
+    assert (
+        said.count("node image: built on the server sim-server0 (this controller has no Docker engine") == 2
+    )
     # Every server runs one image, made by sim-server0's engine; this controller's engine never held it.
     ref = node_image("sim-server0")[1]
     assert ref.startswith(f"{NODE_IMAGE}:")
@@ -105,9 +114,9 @@ def test_auto_builds_on_the_first_server_when_the_controller_has_no_docker(built
         container = on_server(server, f"docker inspect -f '{{{{.Image}}}}' {server}").stdout.strip()
         assert container == built, server
     assert not controller_has(built)
-    assert task_output(built_on_server, "Push the image once, pull it on every server that lacks it").startswith(
-        "changed: [sim-server0 -> localhost]"
-    )
+    assert task_output(
+        built_on_server, "Push the image once, pull it on every server that lacks it"
+    ).startswith("changed: [sim-server0 -> localhost]")
     assert_nothing_left()
 
 
@@ -139,7 +148,9 @@ def test_a_code_change_is_built_on_the_server_and_reaches_the_other(
     after = image_id("sim-server0", ref)
     assert after != before and image_id("sim-server1", ref) == after
     for server in SERVERS:
-        assert on_server(server, f"docker inspect -f '{{{{.Image}}}}' {server}").stdout.strip() == after, server
+        assert on_server(server, f"docker inspect -f '{{{{.Image}}}}' {server}").stdout.strip() == after, (
+            server
+        )
     assert not controller_has(after)
     assert_nothing_left()
 
@@ -148,16 +159,20 @@ def test_the_build_servers_engine_stopped_fails_the_stage_naming_it(
     built_on_server: PlaybookResult, no_docker: dict[str, str]
 ) -> None:
     other = node_image("sim-server1")
-    on_server("sim-server0", "pkill -x dockerd; for i in $(seq 30); do docker info >/dev/null 2>&1 || exit 0; "
-                             "sleep 1; done; exit 1")  # fmt: skip
+    on_server("sim-server0", "pkill -x dockerd; for i in $(seq 30); do docker info >/dev/null 2>&1 || exit 0;"
+                             " sleep 1; done; exit 1")  # fmt: skip
     try:
         with code_change("engine stopped") as changed:
             result = site(no_docker, project=changed, cmdline="--tags image")
     finally:
-        on_server("sim-server0", "rm -f /var/run/docker.pid; nohup dockerd >/var/log/dockerd.log 2>&1 </dev/null &")
+        on_server(
+            "sim-server0", "rm -f /var/run/docker.pid; nohup dockerd >/var/log/dockerd.log 2>&1 </dev/null &"
+        )
         wait_engine("sim-server0")
     flat = " ".join(result.stdout.split())
     assert result.rc != 0
-    assert "sim-server0 (the build server, cluster_image_build_host): no Docker engine answers" in flat, flat[-3000:]
+    assert "sim-server0 (the build server, cluster_image_build_host): no Docker engine answers" in flat, flat[
+        -3000:
+    ]
     assert node_image("sim-server1") == other  # the other server's container untouched
     assert_nothing_left()

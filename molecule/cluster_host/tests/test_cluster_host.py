@@ -1,4 +1,5 @@
-"""What cluster_host leaves on a server: requests for the Docker modules, the firewall opened to peers only."""
+"""What cluster_host leaves on a server: requests for the Docker modules, the firewall opened to peers
+only."""
 
 import os
 

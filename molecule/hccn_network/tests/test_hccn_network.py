@@ -44,7 +44,9 @@ def name(host):
 
 
 def calls(host):
-    return [shlex.split(line) for line in host.file("/var/lib/ddp-doubles/calls.log").content_string.splitlines()]
+    return [
+        shlex.split(line) for line in host.file("/var/lib/ddp-doubles/calls.log").content_string.splitlines()
+    ]
 
 
 @pytest.mark.parametrize("device", range(8))
@@ -55,7 +57,10 @@ def test_device_reports_its_planned_address(host, name, device):
 
 @pytest.mark.parametrize("device", range(8))
 def test_device_probes_the_same_device_of_the_other_server_and_is_healthy(host, name, device):
-    assert host.check_output(f"hccn_tool -i {device} -netdetect -g") == f"netdetect address: {PLAN[PEER[name]][device]}"
+    assert (
+        host.check_output(f"hccn_tool -i {device} -netdetect -g")
+        == f"netdetect address: {PLAN[PEER[name]][device]}"
+    )
     assert host.check_output(f"hccn_tool -i {device} -net_health -g") == "net health status: Success"
 
 
@@ -70,7 +75,8 @@ def test_state_holds_exactly_what_was_set(host, name):
 
 
 def test_each_setting_was_set_once_and_only_where_it_differed(host, name):
-    """converge, idempotence and check all ran: one -s per setting in total, none for preconfigured devices."""
+    """converge, idempotence and check all ran: one -s per setting in total, none for preconfigured
+    devices."""
     sets = [call for call in calls(host) if "-s" in call]
     ip_sets = sorted(int(call[2]) for call in sets if call[3] == "-ip")
     detect_sets = sorted(int(call[2]) for call in sets if call[3] == "-netdetect")
@@ -88,5 +94,6 @@ def test_every_device_was_read_before_the_first_set(host):
 
 
 def test_no_whole_cluster_rank_table_is_left(host, name):
-    """Each job writes its own table; the one an earlier version wrote (prepare.yml leaves it on hccn0) is gone."""
+    """Each job writes its own table; the one an earlier version wrote (prepare.yml leaves it on hccn0) is
+    gone."""
     assert not host.file(f"/var/lib/ddp-cluster/{name}/etc/rank_table.json").exists

@@ -27,7 +27,8 @@ def test_runs_with_a_restart_policy_and_init(host):
 
 def test_sshd_is_the_main_process_on_the_cluster_port(host):
     assert exec_in(host, f"ss -Htln 'sport = :{PORT}'").stdout.strip()
-    # docker-init is process 1 (it reaps ended sessions); its one child is sshd, the entrypoint having exec'd it.
+    # docker-init is process 1 (it reaps ended sessions); its one child is sshd, the entrypoint having exec'd
+    # it.
     children = exec_in(host, "ps -o comm= --ppid 1").stdout.split()
     assert children[:1] == ["sshd"], children
 

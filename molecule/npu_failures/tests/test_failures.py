@@ -1,4 +1,5 @@
-"""After every failure case: each one ran and failed, and npu_host never reached the kernel or the firewall."""
+"""After every failure case: each one ran and failed, and npu_host never reached the kernel or the
+firewall."""
 
 import os
 

@@ -31,7 +31,11 @@ def test_settings_persist_in_sysctl_d(host, name):
     conf = host.file(SYSCTL_FILE)
     assert conf.is_file
     assert conf.user == "root"
-    lines = {line.replace(" ", "") for line in conf.content_string.splitlines() if line and not line.startswith("#")}
+    lines = {
+        line.replace(" ", "")
+        for line in conf.content_string.splitlines()
+        if line and not line.startswith("#")
+    }
     assert lines == {
         f"net.ipv4.ip_local_reserved_ports={EXPECTED_RESERVED[name]}",
         "net.core.somaxconn=65535",

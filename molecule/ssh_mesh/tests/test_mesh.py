@@ -39,7 +39,9 @@ def test_unknown_host_key_is_refused(host):
 
 
 def test_password_login_is_refused(host):
-    result = host.run("ssh -o PubkeyAuthentication=no -o PasswordAuthentication=yes -o BatchMode=yes mesh1 true")
+    result = host.run(
+        "ssh -o PubkeyAuthentication=no -o PasswordAuthentication=yes -o BatchMode=yes mesh1 true"
+    )
     assert result.rc != 0
     assert "Permission denied" in result.stderr
 

@@ -27,7 +27,9 @@ def test_holds_openmpi_sshd_torch_and_the_package(host):
 
 
 def test_holds_no_host_key_and_no_private_key(host):
-    out = run_in_image(host, "ls /etc/ssh; ls -a /root/.ssh; grep -rl 'PRIVATE KEY' /etc /root 2>/dev/null || true")
+    out = run_in_image(
+        host, "ls /etc/ssh; ls -a /root/.ssh; grep -rl 'PRIVATE KEY' /etc /root 2>/dev/null || true"
+    )
     assert out.rc == 0
     assert "ssh_host_" not in out.stdout
     assert "id_" not in out.stdout

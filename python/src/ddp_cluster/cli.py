@@ -14,6 +14,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("ddp_cluster.plot", "draw the loss curve of a run directory (metrics.jsonl) to a PNG"),
     "ip-plan": ("ddp_cluster.ipplan", "check an NPU device-IP plan against the product's rules"),
     "rank-table": ("ddp_cluster.ranktable", "print the HCCL rank table (version 1.0) of an IP plan"),
+    "report": (
+        "ddp_cluster.jobreport",
+        "lay out a run's results and print its report (summary, gate, failure, likely cause)",
+    ),
     "doctor": ("ddp_cluster.doctor", "name the likely cause of a failed job from its logs (runs/<job-id>/)"),
     "health": (
         "ddp_cluster.health",

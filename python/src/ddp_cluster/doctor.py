@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddp_cluster.status import read as read_status
+
 # Files that are never logs, and the most of one file that is read (a plog rotates at about 20 MB).
 # Sources a job shipped (-e script, -e workdir) are not logs: a comment can quote any message.
 SKIPPED_SUFFIXES = (
@@ -311,17 +313,14 @@ def read_lines(path: Path) -> list[str]:
 
 def status_lines(path: Path) -> list[str]:
     """status.json as lines to match: its reason and exit status (its log tail repeats the ranks' logs)."""
-    try:
-        status = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    status = read_status(path)
+    if status is None:
         return []
-    if not isinstance(status, dict):
-        return []
-    lines = [f"reason: {status.get('reason', '')}"]
-    rank, node, code = status.get("failed_rank"), status.get("failed_node"), status.get("exit_code")
-    if status.get("signal") == 9 or code == 137:
+    lines = [f"reason: {status.reason}"]
+    rank, node, code = status.failed_rank, status.failed_node, status.exit_code
+    if status.signal == 9 or code == 137:
         lines.append(f'"signal": 9 (rank {rank} on node {node})')
-    elif rank is not None and isinstance(code, int) and code != 0:
+    elif rank is not None and code is not None and code != 0:
         lines.append(f"rank {rank} on node {node} exited with code {code} first")
     return lines
 

@@ -1,7 +1,8 @@
 """The job, as one typed object from the plan to the results: :class:`JobSpec`.
 
-``train.yml``'s plan (and ``check.yml``'s) fixes what the user asked; ``ddp_job`` adds what the nodes' probe
-found (each node's cluster network) and writes the spec as ``JOB/job.json`` on the first node. Everything else
+The plan (:func:`ddp_cluster.plan.make_plan`, called once by ``train.yml`` and ``check.yml`` on the controller)
+makes it from what the user asked and what site.yml recorded of the nodes (each node's cluster network), and
+ships it as ``JOB/job.json`` to every node. Everything else
 comes from the spec: the launcher's command line (:meth:`JobSpec.launch_argv`), the hostfile, the program
 every rank runs, whether mpirun's processes are ranks or torchrun agents, the logs' paths
 (:mod:`ddp_cluster.results`), and the supervisor's bounds (``python -m ddp_cluster.supervise --job-dir
@@ -27,6 +28,7 @@ KINDS = ("train", "check", "preflight")
 # The collective backend that goes with a device.
 DEVICE_BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 ACCELERATORS = ("cpu", "gpu", "npu")
+HCCL_INITS = ("rank_table", "master_addr")
 JOB_FILE = "job.json"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 PORTS = re.compile(r"^$|^[0-9]+(-[0-9]+)?$")
@@ -118,7 +120,7 @@ class JobSpec:
             raise JobSpecError(f"kind={self.kind!r} is unknown: use {', '.join(KINDS)}")
         if self.accelerator not in ACCELERATORS:
             raise JobSpecError(f"accelerator={self.accelerator!r} is unknown: use {', '.join(ACCELERATORS)}")
-        if self.hccl_init not in ("rank_table", "master_addr"):
+        if self.hccl_init not in HCCL_INITS:
             raise JobSpecError(f"hccl_init={self.hccl_init!r} must be rank_table or master_addr")
         if self.launcher == "torch_npu_run" and self.accelerator != "npu":
             raise JobSpecError("launcher=torch_npu_run needs torch_npu: it is for npu clusters")
@@ -234,41 +236,6 @@ class JobSpec:
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
-
-
-def from_plan(
-    plan: Mapping[str, Any],
-    job_dir: str,
-    networks: Sequence[str],
-    env: Mapping[str, Any] | None = None,
-    mpirun_args: Sequence[str] = (),
-    launcher_ports: str = "",
-    poll: float = 0.5,
-) -> JobSpec:
-    """The spec of the playbook's plan (``_ddp_job_plan``) and what the nodes' probe found."""
-    fields = {
-        "id": plan.get("id"),
-        "job_dir": job_dir,
-        "nodes": list(plan.get("nodes") or []),
-        "nproc_per_node": plan.get("nproc_per_node"),
-        "launcher": plan.get("launcher"),
-        "device": plan.get("device") or "cpu",
-        "networks": list(networks),
-        "timeout": plan.get("timeout", 3600),
-        "kind": plan.get("kind") or "train",
-        "accelerator": plan.get("accelerator") or "cpu",
-        "hccl_init": plan.get("hccl_init") or "rank_table",
-        "script": plan.get("script") or "",
-        "workdir": bool(plan.get("workdir")),
-        "script_args": list(plan.get("script_args") or []),
-        "resume": bool(plan.get("resume_checkpoint")),
-        "master_port": plan.get("master_port", 29501),
-        "launcher_ports": str(launcher_ports or ""),
-        "env": dict(env or {}),
-        "mpirun_args": list(mpirun_args),
-        "poll": poll,
-    }
-    return JobSpec.from_dict(fields)
 
 
 def load(path: Path) -> JobSpec:

@@ -8,7 +8,8 @@ the job still sends its logs back.
 
 - :func:`members`: everything under the job directory, parents before children, but the checkpoints under
   ``output/checkpoints/`` other than the newest ``epoch-*.ckpt``, files ending in ``.tmp``, ``__pycache__``
-  directories and the archive itself; a link (to a dataset's directory, say) goes in as the link;
+  directories, the job's files as sent (``job.tar.gz``) and the archive itself; a link (to a dataset's
+  directory, say) goes in as the link;
 - :func:`pack`: those paths into a gzipped tar, written under a temporary name beside the job directory and
   renamed over the archive, so a reader never sees half an archive;
 - :func:`pack_job`: both, or in check mode only the count.
@@ -23,6 +24,8 @@ import tempfile
 
 CHECKPOINTS = os.path.join("output", "checkpoints")
 CHECKPOINT = "epoch-*.ckpt"
+# The job's files as the controller sent them (the project is kept in runs/<job-id>/workdir.tar.gz already).
+BUNDLE = "job.tar.gz"
 
 
 class PackError(Exception):
@@ -50,7 +53,7 @@ def members(job_dir: str, archive: str) -> tuple[list[str], str]:
             found.append(relative)
         for name in sorted(files + links):
             path = os.path.join(directory, name)
-            if skipped(name) or os.path.abspath(path) == archive:
+            if skipped(name) or os.path.abspath(path) == archive or (relative == "." and name == BUNDLE):
                 continue
             found.append(os.path.normpath(os.path.join(relative, name)))
     checkpoints = os.path.join(job_dir, CHECKPOINTS)

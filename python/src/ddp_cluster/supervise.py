@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -41,13 +42,18 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster import job as jobspec
+from ddp_cluster import status
 from ddp_cluster.atomic import write_atomic
 from ddp_cluster.job import JobSpec
 from ddp_cluster.liveness import FANOUT, Watch, probe_verdict
 from ddp_cluster.results import find_mpirun_log, mpirun_log
+from ddp_cluster.status import Status
 
 LAUNCHER_LOG = "launcher.log"
-STATUS_FILE = "status.json"
+# The job's files, unpacked on every node before the launcher starts (see Supervisor.distribute).
+BUNDLE = "job.tar.gz"
+DISTRIBUTE_TIMEOUT = 300
+STATUS_FILE = status.FILE
 TAIL_LINES = 20
 # mpirun, when a rank exits non-zero / dies of a signal; torchrun's "Root Cause" block.
 MPI_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(-?\d+)")
@@ -62,6 +68,7 @@ class Failure:
     rank: int | None = None
     exit_code: int | None = None
     signal: int | None = None
+    lost: tuple[str, ...] = ()  # the nodes that stopped answering
 
 
 def launcher_failure(text: str, spec: JobSpec, returncode: int) -> Failure:
@@ -92,16 +99,19 @@ def launcher_failure(text: str, spec: JobSpec, returncode: int) -> Failure:
 
 
 class StatusFile:
-    """The job's status.json, rewritten whole (atomically) at every change; ``elapsed`` since ``started``."""
+    """The job's status.json (a :class:`ddp_cluster.status.Status`), rewritten whole (atomically) at every
+    change; ``elapsed`` since ``started``."""
 
     def __init__(self, path: Path, started: float) -> None:
         self.path = path
         self.started = started
-        self.status: dict[str, Any] = {}
+        self.status = Status()
 
     def write(self, **fields: Any) -> None:
-        self.status.update(fields, elapsed=round(time.time() - self.started, 1), updated=time.time())
-        write_atomic(self.path, (json.dumps(self.status, indent=1, sort_keys=True) + "\n").encode())
+        self.status = self.status.update(
+            **fields, elapsed=round(time.time() - self.started, 1), updated=time.time()
+        )
+        write_atomic(self.path, self.status.dumps().encode())
 
 
 def down_now(nodes: Sequence[str], probe: Callable[[str], str], pool: ThreadPoolExecutor) -> list[str]:
@@ -195,6 +205,7 @@ class Supervisor:
                         f"node {lost[0]} stopped answering ssh (its container or server is down); "
                         f"then {failure.reason} on {failure.node or 'a node'}",
                         node=lost[0],
+                        lost=tuple(lost),
                     )
                 return failure
             if self._stop.is_set():
@@ -203,7 +214,9 @@ class Supervisor:
                 return Failure(f"the job did not finish within job_timeout={self.spec.timeout:g} s")
             if lost := tree.lost():
                 return Failure(
-                    f"node {lost[0]} stopped answering ssh (its container or server is down)", node=lost[0]
+                    f"node {lost[0]} stopped answering ssh (its container or server is down)",
+                    node=lost[0],
+                    lost=tuple(lost),
                 )
             self.status.write(progress=self.progress())
             time.sleep(self.spec.poll)
@@ -212,12 +225,20 @@ class Supervisor:
         for folder in (self.job_dir, self.job_dir / "output", self.job_dir / "logs"):
             folder.mkdir(parents=True, exist_ok=True)
         self.status.write(state="running", pid=os.getpid(), nodes=self.nodes, launcher=self.launcher)
-        with open(self.job_dir / LAUNCHER_LOG, "ab") as log:
-            process = subprocess.Popen(
-                self.launcher, stdout=log, stderr=subprocess.STDOUT, cwd=self.job_dir, start_new_session=True
-            )
-        tree = self.tree()
         with ThreadPoolExecutor(max_workers=min(16, max(1, len(self.nodes)))) as pool:
+            failure = self.distribute(pool)
+            if failure is not None:
+                self.report(failure, None, {})
+                return 1
+            with open(self.job_dir / LAUNCHER_LOG, "ab") as log:
+                process = subprocess.Popen(
+                    self.launcher,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.job_dir,
+                    start_new_session=True,
+                )
+            tree = self.tree()
             try:
                 failure = self.watch(process, pool, tree)
                 if failure is None:
@@ -231,6 +252,42 @@ class Supervisor:
             finally:
                 tree.stop()
 
+    def distribute(self, pool: ThreadPoolExecutor) -> Failure | None:
+        """Unpack the job's files (JOB/job.tar.gz: job.json, the script or the project, the rank table) into
+        the job's directory on every other node, over the mesh's ssh, all at once; the failure naming the
+        first node that did not take them. The playbook puts them on this node only, after every node's
+        check passed, so that a refused job leaves nothing behind."""
+        bundle = self.job_dir / BUNDLE
+        others = [node for node in self.nodes if node != self.me]
+        if not bundle.is_file() or not others:
+            return None
+        where = shlex.quote(str(self.job_dir))
+        command = f"mkdir -p {where} && tar -xzf - -C {where}"
+
+        def give(node: str) -> str:
+            argv = ["ssh", "-o", f"ConnectTimeout={self.ssh_timeout}", "-o", "BatchMode=yes", node, command]
+            try:
+                with bundle.open("rb") as data:
+                    done = subprocess.run(
+                        argv, stdin=data, capture_output=True, timeout=DISTRIBUTE_TIMEOUT, check=False
+                    )
+            except subprocess.TimeoutExpired:
+                return f"no answer within {DISTRIBUTE_TIMEOUT} s"
+            if done.returncode == 0:
+                return ""
+            said = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+            return (said[-1] if said else "") or f"ssh exited with status {done.returncode}"
+
+        for node, error in zip(others, pool.map(give, others), strict=True):
+            if error:
+                down = probe_verdict(None, "") if error.startswith("no answer") else self.probe(node)
+                return Failure(
+                    f"the job's files could not be copied to node {node} ({error[:300]})",
+                    node=node,
+                    lost=(node,) if down == "down" else (),
+                )
+        return None
+
     def report(self, failure: Failure, returncode: int | None, leftover: dict[str, str]) -> None:
         log_node = failure.node if failure.node in self.nodes and failure.rank is not None else self.me
         # mpirun names log files after its own processes: with torchrun those are the nodes' agents.
@@ -242,6 +299,7 @@ class Supervisor:
             state="failed",
             rc=returncode,
             reason=failure.reason,
+            lost_nodes=failure.lost,
             failed_node=failure.node,
             failed_rank=failure.rank,
             exit_code=failure.exit_code,

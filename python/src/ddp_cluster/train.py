@@ -39,6 +39,7 @@ except ImportError as missing:  # the controller installs the package without to
     ) from missing
 
 from ddp_cluster import checkpoint as ckpt
+from ddp_cluster.cliargs import add_dataclass_arguments, dataclass_from_args, option
 from ddp_cluster.data import DATASETS, Data, load_dataset
 from ddp_cluster.device import (
     BACKEND_CHOICES,
@@ -58,25 +59,42 @@ from ddp_cluster.report import Reporter
 EVAL_BATCH_SIZE = 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    output_dir: Path
-    dataset: str = "digits"
-    epochs: int = 10
-    batch_size: int = 32
-    lr: float = 0.05
-    momentum: float = 0.9
-    resume: bool = False
-    seed: int = 0
-    backend: str = "auto"
-    device: str = "auto"
-    data_dir: Path = Path("data")
-    checkpoint_keep: int = 3
-    synthetic_samples: int = 4096
-    synthetic_features: int = 32
-    log_every: int = 10
-    num_workers: int = 0
-    dist_timeout: float = 1800.0
+    """The run's settings; each field is the command line option of its name (``--batch-size``), in this
+    order (:func:`parse_args`)."""
+
+    dataset: str = field(default="digits", metadata=option(choices=DATASETS))
+    epochs: int = field(
+        default=10, metadata=option("train until this many epochs are done (default %(default)s)")
+    )
+    batch_size: int = field(default=32, metadata=option("per process (default %(default)s)"))
+    lr: float = field(default=0.05, metadata=option("SGD learning rate (default %(default)s)"))
+    momentum: float = field(default=0.9, metadata=option("SGD momentum (default %(default)s)"))
+    output_dir: Path = field(metadata=option("metrics.jsonl, summary.json, checkpoints/"))
+    resume: bool = field(default=False, metadata=option("continue from the newest checkpoint in OUTPUT_DIR"))
+    seed: int = field(
+        default=0, metadata=option("model init, data order and synthetic data (default %(default)s)")
+    )
+    backend: str = field(default="auto", metadata=option(choices=BACKEND_CHOICES))
+    device: str = field(
+        default="auto",
+        metadata=option(
+            "default: DDP_DEVICE (train.yml sets the cluster's accelerator), else auto",
+            choices=DEVICE_CHOICES,
+        ),
+    )
+    data_dir: Path = field(
+        default=Path("data"), metadata=option("mnist/cifar10 files (default ./%(default)s)")
+    )
+    checkpoint_keep: int = field(
+        default=3, metadata=option("keep the newest K checkpoints (default %(default)s)")
+    )
+    synthetic_samples: int = field(default=4096, metadata=option("training samples of 'synthetic'"))
+    synthetic_features: int = field(default=32, metadata=option("input size of 'synthetic'"))
+    log_every: int = field(default=10, metadata=option("log the loss every N steps; 0: epochs only"))
+    num_workers: int = field(default=0, metadata=option("DataLoader worker processes (default %(default)s)"))
+    dist_timeout: float = field(default=1800.0, metadata=option("collective timeout in seconds"))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
@@ -110,32 +128,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--dataset", choices=DATASETS, default="digits")
-    p.add_argument(
-        "--epochs", type=int, default=10, help="train until this many epochs are done (default 10)"
-    )
-    p.add_argument("--batch-size", type=int, default=32, help="per process (default 32)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    p.add_argument("--output-dir", type=Path, required=True, help="metrics.jsonl, summary.json, checkpoints/")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUTPUT_DIR")
-    p.add_argument(
-        "--seed", type=int, default=0, help="model init, data order and synthetic data (default 0)"
-    )
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto")
-    p.add_argument(
-        "--device",
-        choices=DEVICE_CHOICES,
-        default=None,
-        help="default: DDP_DEVICE (train.yml sets the cluster's accelerator), else auto",
-    )
-    p.add_argument("--data-dir", type=Path, default=Path("data"), help="mnist/cifar10 files (default ./data)")
-    p.add_argument("--checkpoint-keep", type=int, default=3, help="keep the newest K checkpoints (default 3)")
-    p.add_argument("--synthetic-samples", type=int, default=4096, help="training samples of 'synthetic'")
-    p.add_argument("--synthetic-features", type=int, default=32, help="input size of 'synthetic'")
-    p.add_argument("--log-every", type=int, default=10, help="log the loss every N steps; 0: epochs only")
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes (default 0)")
-    p.add_argument("--dist-timeout", type=float, default=1800.0, help="collective timeout in seconds")
+    # --device unset reads DDP_DEVICE, so its option has no default of its own.
+    add_dataclass_arguments(p, TrainConfig, defaults={"device": None})
     args = p.parse_args(argv)
     for name, minimum in [("epochs", 1), ("batch_size", 1), ("checkpoint_keep", 1), ("log_every", 0)]:
         if getattr(args, name) < minimum:
@@ -147,7 +141,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
             args.device = requested_device()
         except DeviceError as error:
             p.error(str(error))
-    return TrainConfig(**vars(args))
+    return dataclass_from_args(TrainConfig, args)
 
 
 def seed_everything(seed: int) -> None:

@@ -1,5 +1,6 @@
 #!/usr/bin/python
-"""Pack a node's job directory into one archive for the controller to fetch (the job's results, whatever its end)."""
+"""Pack a node's job directory into one archive for the controller to fetch (the job's results, whatever its
+end)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ description:
   - Runs on the server (its own Python, not the node container, which may have died with the job), so a node
     whose container is gone still sends its logs back.
   - The logic is ddp_cluster.pack (shipped as module_utils), unit-tested with the package.
-  - Everything under I(job_dir) goes in, but the checkpoints under C(output/checkpoints/) other than the newest
-    C(epoch-*.ckpt), files ending in C(.tmp), C(__pycache__) directories, and the archive itself.
+  - Everything under I(job_dir) goes in, but the checkpoints under C(output/checkpoints/) other than the
+    newest C(epoch-*.ckpt), files ending in C(.tmp), C(__pycache__) directories, and the archive itself.
   - The archive is written beside the job directory under a temporary name and renamed over I(archive), so a
     reader never sees half an archive.
   - Check mode lists what would be packed and writes nothing.
@@ -41,13 +42,22 @@ checkpoint:
   returned: always
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402  (Ansible modules put DOCUMENTATION first)
-from ansible.module_utils.ddp_pack import PackError, pack_job  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402  (Ansible modules put DOCUMENTATION first)
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+if TYPE_CHECKING:  # the same file: module_utils/ddp_pack.py links to the package's module
+    from ddp_cluster.pack import PackError, pack_job
+else:
+    from ansible.module_utils.ddp_pack import PackError, pack_job
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"job_dir": {"type": "path", "required": True}, "archive": {"type": "path", "required": True}},
+        argument_spec={
+            "job_dir": {"type": "path", "required": True},
+            "archive": {"type": "path", "required": True},
+        },
         supports_check_mode=True,
     )
     try:

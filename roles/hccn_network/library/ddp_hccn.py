@@ -1,5 +1,6 @@
 #!/usr/bin/python
-"""Read, compare and set the NPU device NICs of one server with hccn_tool, or verify them, in one module call."""
+"""Read, compare and set the NPU device NICs of one server with hccn_tool, or verify them, in one module
+call."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ short_description: Read, compare and set Ascend device NIC settings with hccn_to
 description:
   - The logic is ddp_cluster.hccn (shipped as module_utils), the same code as the role's filters and the
     C(ddp-cluster hccn) command.
-  - C(mode=configure) reads every device's address, netdetect address and gateway (all before any is set), works
-    out the C(hccn_tool -s) calls for what differs, and runs them in order, stopping at the first that fails. A
-    read that fails sets nothing and is returned in C(failed_reads). Check mode runs no C(-s) and reports what it
-    would; diff mode shows each setting before and after.
-  - C(mode=verify) waits (one deadline for the server) until every device's net_health reads Success, then reads
-    address, link and LLDP and returns the C(problems), one line per device; it changes nothing.
+  - C(mode=configure) reads every device's address, netdetect address and gateway (all before any is set),
+    works out the C(hccn_tool -s) calls for what differs, and runs them in order, stopping at the first that
+    fails. A read that fails sets nothing and is returned in C(failed_reads). Check mode runs no C(-s) and
+    reports what it would; diff mode shows each setting before and after.
+  - C(mode=verify) waits (one deadline for the server) until every device's net_health reads Success, then
+    reads address, link and LLDP and returns the C(problems), one line per device; it changes nothing.
 options:
   tool:
     description: hccn_tool, by path or by name on PATH.
@@ -22,7 +23,8 @@ options:
     required: true
   settings:
     description:
-      - Per device, C(device), C(address), C(netmask), C(detect), C(gateway) (ddp_cluster.hccn.device_settings).
+      - Per device, C(device), C(address), C(netmask), C(detect), C(gateway)
+        (ddp_cluster.hccn.device_settings).
     type: list
     elements: dict
     required: true
@@ -55,7 +57,8 @@ failed_reads:
   type: list
   returned: always
 changes:
-  description: configure - the -s calls needed (device, setting, current, wanted, args, line), in the order run.
+  description: configure - the -s calls needed (device, setting, current, wanted, args, line), in the order
+    run.
   type: list
   returned: always
 applied:
@@ -73,10 +76,16 @@ health_seconds:
 """
 
 import time  # noqa: E402  (Ansible modules put DOCUMENTATION first)
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.ddp_hccn import change_line, healthy, problems  # noqa: E402
-from ansible.module_utils.ddp_hccn import changes as hccn_changes  # noqa: E402
+
+if TYPE_CHECKING:  # the same file: module_utils/ddp_hccn.py links to the package's module
+    from ddp_cluster.hccn import change_line, healthy, problems
+    from ddp_cluster.hccn import changes as hccn_changes
+else:
+    from ansible.module_utils.ddp_hccn import change_line, healthy, problems
+    from ansible.module_utils.ddp_hccn import changes as hccn_changes
 
 
 def main() -> None:
@@ -95,8 +104,8 @@ def main() -> None:
     settings = module.params["settings"]
     devices = [int(setting["device"]) for setting in settings]
     resolved = module.get_bin_path(tool) if "/" not in tool else tool
-    results: dict[str, dict[str, dict]] = {str(device): {} for device in devices}
-    outcome = {
+    results: dict[str, dict[str, dict[str, Any]]] = {str(device): {} for device in devices}
+    outcome: dict[str, Any] = {
         "devices": results,
         "failed_reads": [],
         "changes": [],
@@ -105,10 +114,15 @@ def main() -> None:
         "health_seconds": 0.0,
     }
 
-    def read(device: int, query: str) -> dict:
+    def read(device: int, query: str) -> dict[str, Any]:
         argv = [tool, "-i", str(device), query, "-g"]
         if resolved is None:
-            entry = {"cmd": argv, "rc": 127, "stdout": "", "stderr": f"{tool}: not found (give its full path)"}
+            entry = {
+                "cmd": argv,
+                "rc": 127,
+                "stdout": "",
+                "stderr": f"{tool}: not found (give its full path)",
+            }
         else:
             try:
                 rc, out, err = module.run_command([resolved, *argv[1:]])
@@ -118,7 +132,7 @@ def main() -> None:
         results[str(device)][query] = entry
         return entry
 
-    def failed_reads() -> list:
+    def failed_reads() -> list[dict[str, Any]]:
         return [
             {"device": int(device), "query": query, **entry}
             for device, by_query in results.items()
@@ -143,7 +157,9 @@ def main() -> None:
         outcome["problems"] = problems(settings, results, module.params["check_lldp"])
         module.exit_json(changed=False, **outcome)
 
-    queries = ["-ip", "-netdetect"] + (["-gateway"] if any(setting.get("gateway") for setting in settings) else [])
+    queries = ["-ip", "-netdetect"] + (
+        ["-gateway"] if any(setting.get("gateway") for setting in settings) else []
+    )
     for query in queries:
         for device in devices:
             read(device, query)

@@ -1,5 +1,6 @@
 #!/usr/bin/python
-"""Write a node's mesh files (private key, authorized keys, pinned host keys, ssh settings) in one module call."""
+"""Write a node's mesh files (private key, authorized keys, pinned host keys, ssh settings) in one module
+call."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ DOCUMENTATION = r"""
 module: ddp_mesh_files
 short_description: Write several small files in one call, each only when its content or mode differs
 description:
-  - One module run per node instead of one per file (each of which is a C(docker exec) on the mesh play's docker
-    connection). Each file is written to a temporary file beside it, validated when asked, and renamed over the
-    old one, so a reader never sees half a file. Parent directories are made (mode 0700) when missing.
+  - One module run per node instead of one per file (each of which is a C(docker exec) on the mesh play's
+    docker connection). Each file is written to a temporary file beside it, validated when asked, and renamed
+    over the old one, so a reader never sees half a file. Parent directories are made (mode 0700) when
+    missing.
   - Check mode reports what would change; diff mode shows each file before and after, except secret ones.
 options:
   files:
     description:
-      - Each C(path), C(content), C(mode) (octal string) and optional C(validate) (a command with C(%s) for the new
-        file, run before it replaces the old one).
+      - Each C(path), C(content), C(mode) (octal string) and optional C(validate) (a command with C(%s) for
+        the new file, run before it replaces the old one).
     type: list
     elements: dict
     required: true

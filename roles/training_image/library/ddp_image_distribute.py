@@ -1,6 +1,6 @@
 #!/usr/bin/python
-"""Ship the node image from the controller to servers through a registry: push once, every server pulls the layers
-it lacks, in parallel."""
+"""Ship the node image from the controller to servers through a registry: push once, every server pulls the
+layers it lacks, in parallel."""
 
 from __future__ import annotations
 
@@ -8,28 +8,31 @@ DOCUMENTATION = r"""
 module: ddp_image_distribute
 short_description: Push an image to a registry once and pull it on every server that lacks it
 description:
-  - Runs on the controller. With no C(registry), starts Docker's Distribution registry (C(docker-registry serve), the
-    Debian package) bound to the controller's 127.0.0.1:C(port) for the duration of the call, its storage kept in
-    C(storage) so that a later push sends only new layers. Each server pulls C(127.0.0.1:port/NAME:TAG) through
-    C(ssh -R 127.0.0.1:port:127.0.0.1:port): its engine treats a 127.0.0.0/8 registry as insecure by default, so no
-    engine setting changes, and nothing listens beyond loopback. The tunnel lives as long as that server's pull;
-    the registry stops when the call ends, also on failure (and with the module's process).
-  - A server whose pull fails is listed in C(failed_servers) with its reason (the call itself fails only when the
-    registry or the push does), so that the role can fail that server by name.
-  - With C(registry) (the user's registry, e.g. C(harbor.example.com/ml)), pushes there (the controller's engine
-    must be logged in) and each server pulls from it directly, over the same ssh command without a tunnel.
+  - Runs on the controller. With no C(registry), starts Docker's Distribution registry (C(docker-registry
+    serve), the Debian package) bound to the controller's 127.0.0.1:C(port) for the duration of the call, its
+    storage kept in C(storage) so that a later push sends only new layers. Each server pulls
+    C(127.0.0.1:port/NAME:TAG) through C(ssh -R 127.0.0.1:port:127.0.0.1:port); its engine treats a
+    127.0.0.0/8 registry as insecure by default, so no engine setting changes, and nothing listens beyond
+    loopback. The tunnel lives as long as that server's pull; the registry stops when the call ends, also on
+    failure (and with the module's process).
+  - A server whose pull fails is listed in C(failed_servers) with its reason (the call itself fails only when
+    the registry or the push does), so that the role can fail that server by name.
+  - With C(registry) (the user's registry, e.g. C(harbor.example.com/ml)), pushes there (the controller's
+    engine must be logged in) and each server pulls from it directly, over the same ssh command without a
+    tunnel.
   - Every server gets the image under its local name C(image) (the registry's name is removed again), so the
     containers stage needs nothing else.
   - With C(source) (a server build, cluster_image_builder), the image is on that server's engine, not the
-    controller's, and nothing of it crosses the controller's link. Over one ssh session to the source, which
-    lives as long as the call: Distribution registry on the source's 127.0.0.1:C(port) (storage under C(storage)
-    there, kept between runs), the push into it, and an ephemeral ed25519 key (made on the controller for this call)
-    authorized there for nothing but a forward to that port (C(restrict,port-forwarding,permitopen)). Each server
-    lacking the image receives the private half on stdin into a 0700 temporary directory, opens C(ssh -N -L) to
-    the source over the cluster's own network, the source's host keys pinned (read from the source over the
-    controller's pinned login), pulls the layers it lacks from its own loopback, and removes key and tunnel. When
-    the call ends (also on failure, or when the controller goes away) the registry stops and the key is
-    deauthorized: nothing is left listening or authorized on any server.
+    controller's, and nothing of it crosses the controller's link. One ssh session to the source, which lives
+    as long as the call, holds Distribution registry on the source's 127.0.0.1:C(port) (storage under
+    C(storage) there, kept between runs), the push into it, and an ephemeral ed25519 key (made on the
+    controller for this call) authorized there for nothing but a forward to that port
+    (C(restrict,port-forwarding,permitopen)). Each server lacking the image receives the private half on stdin
+    into a 0700 temporary directory, opens C(ssh -N -L) to the source over the cluster's own network, the
+    source's host keys pinned (read from the source over the controller's pinned login), pulls the layers it
+    lacks from its own loopback, and removes key and tunnel. When the call ends (also on failure, or when the
+    controller goes away) the registry stops and the key is deauthorized; nothing is left listening or
+    authorized on any server.
 options:
   image:
     description: The image on the controller, NAME:TAG.
@@ -95,7 +98,8 @@ pushed_layers:
   type: int
   returned: always
 servers:
-  description: Per server name, ok, rc, seconds, layers_pulled, layers_present, error and the output's last lines.
+  description: Per server name, ok, rc, seconds, layers_pulled, layers_present, error and the output's last
+    lines.
   type: dict
   returned: always
 failed_servers:
@@ -103,7 +107,8 @@ failed_servers:
   type: list
   returned: always
 bytes_served:
-  description: Bytes of layers and manifests the controller's registry sent to the servers (0 for a user registry).
+  description: Bytes of layers and manifests the controller's registry sent to the servers (0 for a user
+    registry).
   type: int
   returned: always
 """
@@ -130,7 +135,9 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 PR_SET_PDEATHSIG = 1
 # The registry's access log: `... http.request.method=GET ... http.response.written=N ...` per response.
 WRITTEN = re.compile(r"http\.request\.method=GET\b.*?http\.response\.written=(\d+)")
-TUNNEL_FAILED = re.compile(r"remote port forwarding failed|cannot listen to port|Could not request", re.IGNORECASE)
+TUNNEL_FAILED = re.compile(
+    r"remote port forwarding failed|cannot listen to port|Could not request", re.IGNORECASE
+)
 
 
 class DistributionError(Exception):
@@ -138,7 +145,8 @@ class DistributionError(Exception):
 
 
 def registry_reference(image: str, registry: str, port: int) -> str:
-    """The name the servers pull: NAME:TAG under the user's registry, else under the tunnelled loopback one."""
+    """The name the servers pull: NAME:TAG under the user's registry, else under the tunnelled loopback
+    one."""
     prefix = registry.strip().rstrip("/") if registry.strip() else f"127.0.0.1:{port}"
     return f"{prefix}/{image}"
 
@@ -157,7 +165,8 @@ def registry_config(storage: str, port: int) -> str:
 
 
 def layer_counts(output: str) -> tuple[int, int]:
-    """Layers a `docker pull` downloaded and layers the server had already, from its plain (non-tty) output."""
+    """Layers a `docker pull` downloaded and layers the server had already, from its plain (non-tty)
+    output."""
     pulled = len(re.findall(r"^\w+: Pull complete$", output, re.MULTILINE))
     present = len(re.findall(r"^\w+: Already exists$", output, re.MULTILINE))
     return pulled, present
@@ -168,13 +177,15 @@ def bytes_served(log: str) -> int:
 
 
 def pull_command(reference: str, image: str) -> str:
-    """The shell command a server runs: pull, name the image as the controller does, drop the registry's name."""
+    """The shell command a server runs: pull, name the image as the controller does, drop the registry's
+    name."""
     ref, local = shlex.quote(reference), shlex.quote(image)
     return f"docker pull {ref} && docker tag {ref} {local} && docker rmi {ref} >/dev/null"
 
 
 def ssh_pull_argv(ssh: list[str], command: str, tunnel_port: int | None) -> list[str]:
-    """ssh's own options go before the target (the last word of `ssh`); -R only for the controller's registry."""
+    """ssh's own options go before the target (the last word of `ssh`); -R only for the controller's
+    registry."""
     *client, target = ssh
     options = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
                "-o", "ServerAliveCountMax=4", "-o", "ExitOnForwardFailure=yes"]  # fmt: skip
@@ -187,9 +198,9 @@ def pull_error(rc: int, output: str, tunnel_port: int | None) -> str:
     tail = " ".join(output.strip().splitlines()[-3:])
     if tunnel_port is not None and TUNNEL_FAILED.search(output):
         return (
-            f"could not open the tunnel to the controller's registry: port {tunnel_port} on the server's loopback is "
-            "taken, or its sshd forbids forwarding (AllowTcpForwarding). Free the port or set cluster_registry_port, "
-            f"allow forwarding, or set cluster_image_distribution: save_load ({tail})"
+            f"could not open the tunnel to the controller's registry: port {tunnel_port} on the server's "
+            "loopback is taken, or its sshd forbids forwarding (AllowTcpForwarding). Free the port or set "
+            f"cluster_registry_port, allow forwarding, or set cluster_image_distribution: save_load ({tail})"
         )
     if rc == 255:
         return f"ssh to the server failed: {tail}"
@@ -232,9 +243,9 @@ def controller_registry(command: str, storage: str, port: int, workdir: str) -> 
             )  # fmt: skip
         except OSError as error:
             raise DistributionError(
-                f"cannot start the image registry ({command}: {error.strerror}): install Docker's Distribution "
-                "registry on the controller (apt-get install docker-registry; it need not run as a service), or set "
-                "cluster_image_distribution: save_load"
+                f"cannot start the image registry ({command}: {error.strerror}): install Docker's "
+                "Distribution registry on the controller (apt-get install docker-registry; it need not run "
+                "as a service), or set cluster_image_distribution: save_load"
             ) from error
     try:
         deadline = time.monotonic() + 30
@@ -274,7 +285,9 @@ def _run(argv: list[str], timeout: int, stdin: str | None = None) -> subprocess.
             return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as error:
-        output = error.stdout if isinstance(error.stdout, str) else (error.stdout or b"").decode(errors="replace")
+        output = (
+            error.stdout if isinstance(error.stdout, str) else (error.stdout or b"").decode(errors="replace")
+        )
         return subprocess.CompletedProcess(argv, 124, output, f"timed out after {timeout} s")
 
 
@@ -293,8 +306,11 @@ def push(image: str, reference: str, timeout: int) -> int:
     return len(re.findall(r"^\w+: Pushed$", pushed.stdout, re.MULTILINE))
 
 
-def pull_result(done: subprocess.CompletedProcess[str], started: float, timeout: int, error: str) -> dict[str, Any]:
-    """One server's pull as the report gives it; ``error`` says why a failed one failed (past the bound: that)."""
+def pull_result(
+    done: subprocess.CompletedProcess[str], started: float, timeout: int, error: str
+) -> dict[str, Any]:
+    """One server's pull as the report gives it; ``error`` says why a failed one failed (past the bound:
+    that)."""
     output = done.stdout + done.stderr
     pulled, present = layer_counts(done.stdout)
     if done.returncode == 124:
@@ -316,18 +332,26 @@ def pull_everywhere(servers: list[dict[str, Any]], parallel: int, pull_one: Any)
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(servers)))) as pool:
         for server, result in zip(servers, pool.map(pull_one, servers), strict=True):
             results[server["name"]] = result
-    return {"servers": results, "failed_servers": [name for name, result in results.items() if not result["ok"]]}
+    return {
+        "servers": results,
+        "failed_servers": [name for name, result in results.items() if not result["ok"]],
+    }
 
 
-def pull(server: dict[str, Any], reference: str, image: str, tunnel_port: int | None, timeout: int) -> dict[str, Any]:
+def pull(
+    server: dict[str, Any], reference: str, image: str, tunnel_port: int | None, timeout: int
+) -> dict[str, Any]:
     started = time.monotonic()
     argv = ssh_pull_argv([str(word) for word in server["ssh"]], pull_command(reference, image), tunnel_port)
     done = _run(argv, timeout)
-    return pull_result(done, started, timeout, pull_error(done.returncode, done.stdout + done.stderr, tunnel_port))
+    return pull_result(
+        done, started, timeout, pull_error(done.returncode, done.stdout + done.stderr, tunnel_port)
+    )
 
 
 class SessionLines:
-    """Lines from a pipe, each within a deadline (select on the file descriptor, no buffering that select misses)."""
+    """Lines from a pipe, each within a deadline (select on the file descriptor, no buffering that select
+    misses)."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.buffer, self.closed = fd, b"", False
@@ -370,10 +394,10 @@ def receiver_error(rc: int, output: str, source: str, port: int) -> str:
     tail = " ".join(output.strip().splitlines()[-3:])
     if rc == 4:
         return (
-            f"could not reach the image registry on the build server {source} through a tunnel over the cluster's "
-            f"network (ssh to its address, port {port} on both loopbacks): {tail}. Check that this server reaches "
-            f"{source}'s sshd (cluster_image_build_address), that port {port} is free here (cluster_registry_port) "
-            "and that forwarding is allowed (AllowTcpForwarding)"
+            f"could not reach the image registry on the build server {source} through a tunnel over the "
+            f"cluster's network (ssh to its address, port {port} on both loopbacks): {tail}. Check that this "
+            f"server reaches {source}'s sshd (cluster_image_build_address), that port {port} is free here "
+            "(cluster_registry_port) and that forwarding is allowed (AllowTcpForwarding)"
         )
     if rc == 255:
         return f"ssh to the server failed: {tail}"
@@ -384,7 +408,9 @@ def _keypair(workdir: str, comment: str) -> tuple[str, str]:
     path = os.path.join(workdir, "key")
     made = _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path], 60)
     if made.returncode != 0:
-        raise DistributionError(f"cannot make the ephemeral key for the servers' tunnels: {made.stderr.strip()}")
+        raise DistributionError(
+            f"cannot make the ephemeral key for the servers' tunnels: {made.stderr.strip()}"
+        )
     with open(path, encoding="utf-8") as private, open(path + ".pub", encoding="utf-8") as public:
         return private.read(), public.read().strip()
 
@@ -406,8 +432,8 @@ def distribute_from_source(params: dict[str, Any]) -> dict[str, Any]:
         *client, target = ssh
         argv = [*client, "-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
                 "-o", "ServerAliveCountMax=4", target,
-                shlex.join(["sh", "-c", params["source_script"], "ddp-registry", str(port), params["storage"], image,
-                            reference, params["registry_command"], public, comment])]  # fmt: skip
+                shlex.join(["sh", "-c", params["source_script"], "ddp-registry", str(port), params["storage"],
+                            image, reference, params["registry_command"], public, comment])]  # fmt: skip
         session = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0,
             preexec_fn=_die_with_parent,
@@ -415,7 +441,8 @@ def distribute_from_source(params: dict[str, Any]) -> dict[str, Any]:
         assert session.stdin is not None and session.stdout is not None
         lines = SessionLines(session.stdout.fileno())
         try:
-            said, hostkeys = [], []
+            said: list[str] = []
+            hostkeys: list[str] = []
             deadline = time.monotonic() + params["timeout"]
             while True:
                 line = lines.next(deadline)
@@ -457,7 +484,9 @@ def distribute_from_source(params: dict[str, Any]) -> dict[str, Any]:
             if session.poll() is None:
                 session.kill()
             session.wait()
-        report["bytes_served"] = sum(int(line.split()[-1]) for line in rest if re.fullmatch(r"served: \d+", line))
+        report["bytes_served"] = sum(
+            int(line.split()[-1]) for line in rest if re.fullmatch(r"served: \d+", line)
+        )
     return report
 
 
@@ -472,7 +501,8 @@ def distribute(params: dict[str, Any]) -> dict[str, Any]:
 
     def pull_all() -> None:
         report.update(pull_everywhere(
-            servers, params["parallel"], lambda server: pull(server, reference, image, tunnel_port, params["timeout"])
+            servers, params["parallel"],
+            lambda server: pull(server, reference, image, tunnel_port, params["timeout"]),
         ))  # fmt: skip
 
     started = time.monotonic()
@@ -481,10 +511,9 @@ def distribute(params: dict[str, Any]) -> dict[str, Any]:
         report["push_seconds"] = round(time.monotonic() - started, 1)
         pull_all()
         return report
-    with (
-        tempfile.TemporaryDirectory(prefix="ddp-registry-") as workdir,
-        controller_registry(params["registry_command"], params["storage"], port, workdir) as log,
-    ):
+    with tempfile.TemporaryDirectory(prefix="ddp-registry-") as workdir, controller_registry(
+        params["registry_command"], params["storage"], port, workdir
+    ) as log:
         report["pushed_layers"] = push(image, reference, params["timeout"])
         report["push_seconds"] = round(time.monotonic() - started, 1)
         with open(log, encoding="utf-8", errors="replace") as handle:
@@ -513,7 +542,9 @@ def main() -> None:
         supports_check_mode=True,
     )
     params = module.params
-    reference = registry_reference(params["image"], "" if params["source"] else params["registry"], params["port"])
+    reference = registry_reference(
+        params["image"], "" if params["source"] else params["registry"], params["port"]
+    )
     if not params["servers"] or module.check_mode:
         module.exit_json(changed=bool(params["servers"]), reference=reference, servers={}, failed_servers=[],
                          push_seconds=0.0, pushed_layers=0, bytes_served=0)  # fmt: skip
@@ -521,7 +552,8 @@ def main() -> None:
         report = distribute(params)
     except DistributionError as error:
         module.fail_json(msg=str(error), reference=reference, servers={}, failed_servers=[])
-    # A server whose pull failed is failed by the role, under its own name (the run stops before any container).
+    # A server whose pull failed is failed by the role, under its own name (the run stops before any
+    # container).
     module.exit_json(changed=len(report["failed_servers"]) < len(params["servers"]), **report)
 
 

@@ -2,11 +2,12 @@
 
 Like the real package it fails to import when the driver's libraries are not on LD_LIBRARY_PATH (the real one
 dlopens libascend_hal.so and fails with this message), and it registers ``torch.npu``; the device count comes
-from the /dev/davinciN nodes the container was given, narrowed by ASCEND_RT_VISIBLE_DEVICES. It has no kernels:
-tensors cannot move to an "npu" device, so jobs on the simulated servers train on cpu, asked explicitly.
+from the /dev/davinciN nodes the container was given, narrowed by ASCEND_RT_VISIBLE_DEVICES. It has no
+kernels: tensors cannot move to an "npu" device, so jobs on the simulated servers train on cpu, asked
+explicitly.
 
-Installed from its wheel (sim/cann/make-torch-npu-wheel.py), it is also torch's autoloaded device backend, as the
-real one is (entry point group ``torch.backends``): ``import torch`` imports it, and fails when it fails
+Installed from its wheel (sim/cann/make-torch-npu-wheel.py), it is also torch's autoloaded device backend, as
+the real one is (entry point group ``torch.backends``): ``import torch`` imports it, and fails when it fails
 (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns that off).
 """
 

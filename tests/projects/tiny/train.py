@@ -34,7 +34,13 @@ def main() -> None:
     print(f"project rank {rank}/{world} cwd={os.getcwd()} rows={len(targets)} label={args.label}", flush=True)
     if rank == 0:
         Path("results").mkdir(exist_ok=True)
-        result = {"label": args.label, "rows": len(targets), "lr": config["lr"], "loss": float(loss), "world": world}
+        result = {
+            "label": args.label,
+            "rows": len(targets),
+            "lr": config["lr"],
+            "loss": float(loss),
+            "world": world,
+        }
         Path("results/result.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

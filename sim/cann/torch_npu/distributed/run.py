@@ -1,9 +1,10 @@
 """Stand-in of torch_npu_run (``python -m torch_npu.distributed.run``): torchrun's arguments and agent.
 
-The real module parses torchrun's arguments, sets ``rdzv_backend = "parallel"`` (its ParallelStore, faster link
-set-up on large clusters) and runs torchrun's ``run``. The stand-in has no ParallelStore: it uses torchrun's
-static rendezvous on the same master address and port, and exports what the real agent exports to its workers
-(TORCH_NPU_ELASTIC_USE_AGENT_STORE), so scripts take the same path (``init_method="parallel://..."``).
+The real module parses torchrun's arguments, sets ``rdzv_backend = "parallel"`` (its ParallelStore, faster
+link set-up on large clusters) and runs torchrun's ``run``. The stand-in has no ParallelStore: it uses
+torchrun's static rendezvous on the same master address and port, and exports what the real agent exports to
+its workers (TORCH_NPU_ELASTIC_USE_AGENT_STORE), so scripts take the same path
+(``init_method="parallel://..."``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The filters the Ascend roles and the npu preflight call (plugins/filter/ddp_cluster.py); no containers needed."""
+"""The filters the Ascend roles and the npu preflight call (plugins/filter/ddp_cluster.py); no containers
+needed."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import pytest
 from ansible.errors import AnsibleFilterError
 
-REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("ddp_cluster_filters", REPO / "plugins" / "filter" / "ddp_cluster.py")
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location(
+    "ddp_cluster_filters", REPO / "plugins" / "filter" / "ddp_cluster.py"
+)
 assert _spec is not None and _spec.loader is not None
 filters = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(filters)
@@ -36,7 +39,9 @@ def test_inventory_plan_expands_seeds_and_takes_ansible_host() -> None:
 
 def test_inventory_plan_check_names_the_host_and_variable() -> None:
     hostvars = {**HOSTVARS, "ai-server1": {"ansible_host": "10.10.0.11"}}
-    [violation] = filters.npu_plan_check(hostvars, ["ai-server0", "ai-server1"], "atlas-training", "255.255.255.0")
+    [violation] = filters.npu_plan_check(
+        hostvars, ["ai-server0", "ai-server1"], "atlas-training", "255.255.255.0"
+    )
     assert violation["server"] == "ai-server1"
     assert violation["rule"] == "inventory"
     assert "npu_device_ips" in violation["message"] and "npu_device_ip_seed" in violation["message"]
@@ -48,13 +53,17 @@ def test_inventory_plan_check_reports_every_rule_broken() -> None:
     ips = list(SERVER0)
     ips[5] = "192.168.104.100"
     hostvars = {**HOSTVARS, "ai-server0": {"ansible_host": "10.10.0.10", "npu_device_ips": ips}}
-    violations = filters.npu_plan_check(hostvars, ["ai-server0", "ai-server1"], "atlas-training", "255.255.255.0")
+    violations = filters.npu_plan_check(
+        hostvars, ["ai-server0", "ai-server1"], "atlas-training", "255.255.255.0"
+    )
     assert {(v["server"], v["device"], v["rule"]) for v in violations} == {
         ("ai-server0", 5, "pair-subnet"),
         ("ai-server0", 5, "position-subnet"),
     }
     report = filters.violation_report(violations)
-    assert report.splitlines()[0].startswith("  error [pair-subnet] server ai-server0, device 5: 192.168.104.100")
+    assert report.splitlines()[0].startswith(
+        "  error [pair-subnet] server ai-server0, device 5: 192.168.104.100"
+    )
 
 
 def test_detect_defaults_to_the_same_device_of_the_next_server() -> None:
@@ -66,7 +75,9 @@ def test_detect_defaults_to_the_same_device_of_the_next_server() -> None:
 
 
 def test_detect_and_gateway_take_one_address_or_one_per_device() -> None:
-    settings = filters.hccn_device_settings(plan(), "ai-server1", "192.168.100.1", [f"10.0.0.{d}" for d in range(8)])
+    settings = filters.hccn_device_settings(
+        plan(), "ai-server1", "192.168.100.1", [f"10.0.0.{d}" for d in range(8)]
+    )
     assert {s["detect"] for s in settings} == {"192.168.100.1"}
     assert [s["gateway"] for s in settings] == [f"10.0.0.{d}" for d in range(8)]
     with pytest.raises(AnsibleFilterError, match="list of 8"):
@@ -79,56 +90,6 @@ def test_a_lone_server_needs_detect_addresses() -> None:
     alone = filters.npu_plan(HOSTVARS, ["ai-server0"], "atlas-training", "255.255.255.0")
     with pytest.raises(AnsibleFilterError, match="npu_device_detect_ips"):
         filters.hccn_device_settings(alone, "ai-server0")
-
-
-def readings(**per_device: dict[str, str]) -> dict[str, dict[str, dict[str, str]]]:
-    return {
-        device: {query: {"stdout": out} for query, out in queries.items()} for device, queries in per_device.items()
-    }
-
-
-def test_changes_only_where_the_device_differs_addresses_first() -> None:
-    settings = filters.hccn_device_settings(plan(), "ai-server0")[:2]
-    found = readings(
-        **{
-            "0": {
-                "-ip": f"ipaddr:{SERVER0[0]}\nnetmask:255.255.255.0\n",
-                "-netdetect": f"netdetect address: {SERVER1[0]}\n",
-            },
-            "1": {"-ip": "ipaddr:192.168.1.50\nnetmask:255.255.0.0\n", "-netdetect": ""},
-        }
-    )
-    changes = filters.hccn_changes(settings, found)
-    assert [(c["device"], c["setting"]) for c in changes] == [(1, "ip"), (1, "netdetect")]
-    assert changes[0]["args"] == ["-ip", "-s", "address", SERVER0[1], "netmask", "255.255.255.0"]
-    assert changes[0]["current"] == "192.168.1.50 255.255.0.0"
-    assert filters.hccn_change_line(changes[1]) == f"device 1 netdetect: unset -> {SERVER1[1]}"
-
-
-def test_problems_name_each_device_and_status() -> None:
-    settings = filters.hccn_device_settings(plan(), "ai-server0")[:3]
-    healthy = {"-link": "link status: UP\n", "-lldp": "Chassis ID TLV\n"}
-    found = readings(
-        **{
-            "0": {
-                "-ip": f"ipaddr:{SERVER0[0]}\nnetmask:255.255.255.0",
-                "-net_health": "net health status: Success",
-                **healthy,
-            },
-            "1": {
-                "-ip": f"ipaddr:{SERVER0[1]}\nnetmask:255.255.255.0",
-                "-net_health": "net health status: 2",
-                **healthy,
-            },
-            "2": {"-ip": "", "-net_health": "net health status: Fault", "-link": "link status: DOWN", "-lldp": ""},
-        }
-    )
-    assert filters.hccn_problems(settings, found) == [
-        f"device 1: net health Receive timeout (netdetect address {SERVER1[1]})",
-        f"device 2: address is none, planned {SERVER0[2]} 255.255.255.0; net health Fault (netdetect address "
-        f"{SERVER1[2]}); link DOWN; no LLDP neighbour (-lldp -g is empty: check the switch port)",
-    ]
-    assert filters.hccn_problems(settings[2:], found, check_lldp=False)[0].endswith("link DOWN")
 
 
 @pytest.mark.parametrize(
@@ -159,13 +120,20 @@ def test_node_addresses_are_ip_addresses_names_resolved_on_the_controller() -> N
         "b": {"ansible_host": "localhost"},
         "c": {"node_container_address": "10.1.0.7", "ansible_host": "10.0.0.7"},
     }
-    assert filters.node_addresses(hostvars, ["a", "b", "c"]) == {"a": "10.0.0.5", "b": "127.0.0.1", "c": "10.1.0.7"}
-    with pytest.raises(AnsibleFilterError, match=r"d: its address 'no-such-host\.invalid' .* does not resolve"):
+    assert filters.node_addresses(hostvars, ["a", "b", "c"]) == {
+        "a": "10.0.0.5",
+        "b": "127.0.0.1",
+        "c": "10.1.0.7",
+    }
+    with pytest.raises(
+        AnsibleFilterError, match=r"d: its address 'no-such-host\.invalid' .* does not resolve"
+    ):
         filters.node_addresses({"d": {"ansible_host": "no-such-host.invalid"}}, ["d"])
 
 
 def test_a_local_node_without_an_address_is_on_the_loopback() -> None:
-    # The local inventory on the host network: node names resolve nowhere, the node shares the controller's stack.
+    # The local inventory on the host network: node names resolve nowhere, the node shares the controller's
+    # stack.
     hostvars = {
         "node0": {"ansible_connection": "local"},
         "node1": {"ansible_connection": "local", "ansible_host": "10.0.0.9"},

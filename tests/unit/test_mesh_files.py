@@ -1,5 +1,6 @@
 """The ssh_mesh role's one-call file writer (roles/ssh_mesh/library/ddp_mesh_files.py), run as Ansible runs a
-module: JSON arguments in, JSON result out. The mesh itself runs in molecule's ssh_mesh scenario and the e2e tests."""
+module: JSON arguments in, JSON result out. The mesh itself runs in molecule's ssh_mesh scenario and the e2e
+tests."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MODULE = REPO / "roles" / "ssh_mesh" / "library" / "ddp_mesh_files.py"
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n"
 
@@ -26,7 +27,11 @@ def files(tmp_path: Path, known: str = "[node1]:12345 ssh-ed25519 AAAA\n") -> di
     return {
         "secret_files": [{"path": str(tmp_path / "root" / ".ssh" / "id"), "content": KEY, "mode": "0600"}],
         "files": [
-            {"path": str(tmp_path / "etc" / "authorized_keys"), "content": "ssh-ed25519 AAAA x\n", "mode": "0644"},
+            {
+                "path": str(tmp_path / "etc" / "authorized_keys"),
+                "content": "ssh-ed25519 AAAA x\n",
+                "mode": "0644",
+            },
             {"path": str(tmp_path / "etc" / "known_hosts"), "content": known, "mode": "0644"},
         ],
     }

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("ddp_topology_filters", REPO / "plugins" / "filter" / "ddp_topology.py")
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location(
+    "ddp_topology_filters", REPO / "plugins" / "filter" / "ddp_topology.py"
+)
 assert _spec is not None and _spec.loader is not None
 filters = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(filters)
@@ -68,6 +70,8 @@ def test_binding_from_the_doubles(tmp_path: Path) -> None:
         (GPU_TOPO, "cpu", "accelerator 'cpu' has no topology tool"),
     ],
 )
-def test_errors_are_filter_errors_naming_what_is_missing(stdout: str | None, accelerator: str, message: str) -> None:
+def test_errors_are_filter_errors_naming_what_is_missing(
+    stdout: str | None, accelerator: str, message: str
+) -> None:
     with pytest.raises(AnsibleFilterError, match=message):
         filters.ddp_cpu_binding(stdout, accelerator)

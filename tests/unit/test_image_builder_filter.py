@@ -1,13 +1,15 @@
-"""The image stage's choice of the engine that builds (plugins/filter/ddp_image.py over ddp_cluster.builder), from
-the registered results of `docker version` as the role passes them."""
+"""The image stage's choice of the engine that builds (plugins/filter/ddp_image.py over ddp_cluster.builder),
+from the registered results of `docker version` as the role passes them."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("ddp_image_filters", REPO / "plugins" / "filter" / "ddp_image.py")
+REPO = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location(
+    "ddp_image_filters", REPO / "plugins" / "filter" / "ddp_image.py"
+)
 assert spec is not None and spec.loader is not None
 filters = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(filters)
@@ -25,7 +27,11 @@ def test_no_docker_cli_on_the_controller_builds_on_the_first_server() -> None:
 
 
 def test_an_engine_that_does_not_answer_is_named_by_its_stderr() -> None:
-    down = {"rc": 1, "stdout": "", "stderr": "Cannot connect to the Docker daemon at unix:///var/run/docker.sock."}
+    down = {
+        "rc": 1,
+        "stdout": "",
+        "stderr": "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.",
+    }
     chosen = choose("controller", down, ARM, [], "atlas0")
     assert chosen["builder"] == "" and "Cannot connect to the Docker daemon" in chosen["error"]
 

@@ -1,6 +1,6 @@
-"""The ddp_job role's module ddp_job_pack, run by Ansible as collect.yml runs it: the module with ddp_cluster.pack
-shipped as module_utils (what goes in is unit-tested in python/tests/test_pack.py). The whole collect step runs in
-every train.yml e2e test."""
+"""The ddp_job role's module ddp_job_pack, run by Ansible as collect.yml runs it: the module with
+ddp_cluster.pack shipped as module_utils (what goes in is unit-tested in python/tests/test_pack.py). The whole
+collect step runs in every train.yml e2e test."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "ddp_job"
 ANSIBLE = Path(sys.executable).parent / "ansible"
 
@@ -26,7 +26,18 @@ def run(job_dir: Path, check: bool = False) -> dict[str, Any]:
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
     }
     arguments = json.dumps({"job_dir": str(job_dir), "archive": str(job_dir / "results.tar.gz")})
-    command = [str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-m", "ddp_job_pack", "-a", arguments]
+    command = [
+        str(ANSIBLE),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        "ddp_job_pack",
+        "-a",
+        arguments,
+    ]
     done = subprocess.run(command + (["--check"] if check else []), capture_output=True, text=True, env=env)
     result: dict[str, Any] = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
     return result
@@ -34,8 +45,9 @@ def run(job_dir: Path, check: bool = False) -> dict[str, Any]:
 
 def job(tmp_path: Path) -> Path:
     job_dir = tmp_path / "jobs" / "job-1"
-    for name, text in {"status.json": "{}", "logs/1/rank.0/stdout": "epoch 1\n", "output/checkpoints/epoch-00001.ckpt":
-                       "one", "output/checkpoints/epoch-00002.ckpt": "two"}.items():  # fmt: skip
+    for name, text in {"status.json": "{}", "logs/1/rank.0/stdout": "epoch 1\n",
+                       "output/checkpoints/epoch-00001.ckpt": "one",
+                       "output/checkpoints/epoch-00002.ckpt": "two"}.items():  # fmt: skip
         (job_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (job_dir / name).write_text(text)
     return job_dir
@@ -48,8 +60,8 @@ def test_the_module_packs_the_job_through_ansible(tmp_path: Path) -> None:
     with tarfile.open(job_dir / "results.tar.gz") as tar:
         names = tar.getnames()
     assert sorted(names) == sorted([
-        "status.json", "logs", "logs/1", "logs/1/rank.0", "logs/1/rank.0/stdout", "output", "output/checkpoints",
-        "output/checkpoints/epoch-00002.ckpt",
+        "status.json", "logs", "logs/1", "logs/1/rank.0", "logs/1/rank.0/stdout", "output",
+        "output/checkpoints", "output/checkpoints/epoch-00002.ckpt",
     ])  # fmt: skip
     assert result["members"] == len(names) and result["bytes"] == (job_dir / "results.tar.gz").stat().st_size
 

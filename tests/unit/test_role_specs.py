@@ -1,5 +1,6 @@
-"""Every role documents exactly the settings it has: meta/argument_specs.yml options == defaults/main.yml keys; the
-cluster-wide settings and the node directory layout have one home, the cluster role, that every role depends on."""
+"""Every role documents exactly the settings it has: meta/argument_specs.yml options == defaults/main.yml
+keys; the cluster-wide settings and the node directory layout have one home, the cluster role, that every role
+depends on."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def test_every_role_has_argument_specs() -> None:
 
 
 CLUSTER = REPO / "roles" / "cluster"
-# The cluster-wide settings of the NPU device-IP plan keep the names inventories have always used (no role prefix).
+# The cluster-wide settings of the NPU device-IP plan keep the names inventories have always used (no role
+# prefix).
 NPU_PLAN_SETTINGS = {"npu_product", "npu_device_netmask"}
 
 
@@ -53,8 +55,8 @@ def test_role_has_a_readme(role: Path) -> None:
 
 
 def test_the_cluster_role_has_no_main_entry_point() -> None:
-    # A main entry point would make Ansible check the settings' types in every play, before cluster_preflight's
-    # messages that name the fix (tests/test_bad_input.py).
+    # A main entry point would make Ansible check the settings' types in every play, before
+    # cluster_preflight's messages that name the fix (tests/test_bad_input.py).
     entries = yaml.safe_load((CLUSTER / "meta" / "argument_specs.yml").read_text())["argument_specs"]
     assert list(entries) == ["settings"]
     assert not (CLUSTER / "tasks").exists()
@@ -75,7 +77,9 @@ def test_every_role_depends_on_the_cluster_role() -> None:
 def test_site_requires_exactly_the_settings_documented_as_required() -> None:
     required = load(REPO / "roles" / "cluster_preflight" / "vars" / "main.yml")["_cluster_preflight_required"]
     documented = [
-        name for name, spec in spec_options(CLUSTER).items() if str(spec["description"]).startswith("Required")
+        name
+        for name, spec in spec_options(CLUSTER).items()
+        if str(spec["description"]).startswith("Required")
     ]
     assert sorted(required) == sorted(documented)
 
@@ -115,5 +119,7 @@ def test_a_setting_taken_from_a_cluster_setting_says_so_and_states_no_other_defa
     for name, spec in spec_options(role).items():
         used = [setting for setting in settings if re.search(rf"\b{setting}\b", str(defaults[name]))]
         if role != CLUSTER and used:
-            assert "default" not in spec, f"{role.name}: {name} takes {used[0]}'s value, not {spec['default']!r}"
+            assert "default" not in spec, (
+                f"{role.name}: {name} takes {used[0]}'s value, not {spec['default']!r}"
+            )
             assert any(setting in str(spec["description"]) for setting in used), f"{role.name}: {name}"

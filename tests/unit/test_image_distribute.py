@@ -1,20 +1,18 @@
-"""The image stage's registry distribution (roles/training_image/library/ddp_image_distribute.py) and the ssh targets
-it logs in with (plugins/filter/ddp_cluster.py): the pieces, and the controller's registry started and stopped for
-real (Docker's Distribution registry, no engine needed). The whole path runs on the simulated servers
-(tests/sim/test_sim.py)."""
+"""The image stage's registry distribution (roles/training_image/library/ddp_image_distribute.py) and the ssh
+targets it logs in with (plugins/filter/ddp_cluster.py): the pieces, without a registry or an engine. The
+controller's registry started and stopped for real: tests/test_controller_registry.py; the whole path runs on
+the simulated servers (tests/sim/test_sim_5_image.py)."""
 
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import socket
-import urllib.request
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -25,7 +23,9 @@ def _load(name: str, path: Path) -> ModuleType:
     return module
 
 
-dist = _load("ddp_image_distribute", REPO / "roles" / "training_image" / "library" / "ddp_image_distribute.py")
+dist = _load(
+    "ddp_image_distribute", REPO / "roles" / "training_image" / "library" / "ddp_image_distribute.py"
+)
 filters = _load("ddp_cluster_filters_ssh", REPO / "plugins" / "filter" / "ddp_cluster.py")
 
 PULL_ONE_LAYER = """\
@@ -43,7 +43,9 @@ Status: Downloaded newer image for 127.0.0.1:15000/ddp-cluster/node:2a4e3b1f
 
 
 def test_the_servers_pull_from_the_users_registry_or_the_tunnelled_loopback() -> None:
-    assert dist.registry_reference("ddp-cluster/node:ab12", "", 15000) == "127.0.0.1:15000/ddp-cluster/node:ab12"
+    assert (
+        dist.registry_reference("ddp-cluster/node:ab12", "", 15000) == "127.0.0.1:15000/ddp-cluster/node:ab12"
+    )
     assert (
         dist.registry_reference("ddp-cluster/node:ab12", "harbor.example.com/ml/", 15000)
         == "harbor.example.com/ml/ddp-cluster/node:ab12"
@@ -57,13 +59,14 @@ def test_pulled_layers_are_counted_from_the_pull_output() -> None:
 
 def test_bytes_served_sum_the_registrys_get_responses() -> None:
     log = (
-        'time="t" level=info msg="response completed" http.request.method=GET http.request.uri=/v2/x/blobs/sha256:a '
-        "http.response.status=200 http.response.written=1000\n"
-        'time="t" level=info msg="response completed" http.request.method=HEAD http.request.uri=/v2/x/blobs/sha256:b '
-        "http.response.status=200 http.response.written=0\n"
-        'time="t" level=info msg="rewriting manifest" http.request.method=GET http.request.uri=/v2/x/manifests/1\n'
-        'time="t" level=info msg="response completed" http.request.method=GET http.request.uri=/v2/x/manifests/1 '
-        "http.response.written=736\n"
+        'time="t" level=info msg="response completed" http.request.method=GET '
+        "http.request.uri=/v2/x/blobs/sha256:a http.response.status=200 http.response.written=1000\n"
+        'time="t" level=info msg="response completed" http.request.method=HEAD '
+        "http.request.uri=/v2/x/blobs/sha256:b http.response.status=200 http.response.written=0\n"
+        'time="t" level=info msg="rewriting manifest" http.request.method=GET '
+        "http.request.uri=/v2/x/manifests/1\n"
+        'time="t" level=info msg="response completed" http.request.method=GET '
+        "http.request.uri=/v2/x/manifests/1 http.response.written=736\n"
         '127.0.0.1 - - [22/Nov/2026:18:50:54 +0000] "GET /v2/x/manifests/1 HTTP/1.1" 200 736 "" "docker"\n'
     )
     assert dist.bytes_served(log) == 1736
@@ -86,9 +89,9 @@ def test_the_pull_runs_over_ssh_with_the_tunnel_only_for_the_controllers_registr
 def test_a_tunnel_that_cannot_open_says_what_to_do() -> None:
     error = dist.pull_error(255, "Error: remote port forwarding failed for listen port 15000\n", 15000)
     assert "port 15000 on the server's loopback is taken" in error and "cluster_registry_port" in error
-    assert dist.pull_error(255, "ssh: connect to host 10.0.0.5 port 22: No route to host\n", 15000).startswith(
-        "ssh to the server failed: ssh: connect to host 10.0.0.5"
-    )
+    assert dist.pull_error(
+        255, "ssh: connect to host 10.0.0.5 port 22: No route to host\n", 15000
+    ).startswith("ssh to the server failed: ssh: connect to host 10.0.0.5")
     assert dist.pull_error(1, "Error response from daemon: manifest unknown\n", None) == (
         "the pull failed (rc 1): Error response from daemon: manifest unknown"
     )
@@ -122,35 +125,21 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.mark.skipif(shutil.which("docker-registry") is None, reason="docker-registry is not installed (make docker)")
-def test_the_controllers_registry_answers_on_loopback_only_while_the_stage_runs(tmp_path: Path) -> None:
-    port = _free_port()
-    with dist.controller_registry("docker-registry", str(tmp_path / "storage"), port, str(tmp_path)):
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=5) as answer:
-            assert answer.status == 200
-        listening = Path("/proc/net/tcp").read_text()
-        assert f"0100007F:{port:04X}" in listening  # 127.0.0.1 only
-        assert f"00000000:{port:04X}" not in listening
-    assert dist._port_free(port)
-    # Stopped also when the block fails.
-    with (
-        pytest.raises(RuntimeError),
-        dist.controller_registry("docker-registry", str(tmp_path / "storage"), port, str(tmp_path)),
-    ):
-        raise RuntimeError("a push failed")
-    assert dist._port_free(port)
-
-
 def test_a_taken_port_or_a_missing_registry_is_named(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen(1)
         port = holder.getsockname()[1]
-        taken = pytest.raises(dist.DistributionError, match=f"port {port} on the controller's loopback is taken")
+        taken = pytest.raises(
+            dist.DistributionError, match=f"port {port} on the controller's loopback is taken"
+        )
         with taken, dist.controller_registry("docker-registry", str(tmp_path / "s"), port, str(tmp_path)):
             pass
     missing = pytest.raises(dist.DistributionError, match="apt-get install docker-registry")
-    with missing, dist.controller_registry("/nonexistent/registry", str(tmp_path / "s"), _free_port(), str(tmp_path)):
+    with (
+        missing,
+        dist.controller_registry("/nonexistent/registry", str(tmp_path / "s"), _free_port(), str(tmp_path)),
+    ):
         pass
 
 
@@ -183,9 +172,13 @@ def test_the_source_sessions_lines_arrive_one_by_one_within_a_deadline() -> None
 
 
 def test_a_server_that_cannot_reach_the_build_server_is_told_what_to_check() -> None:
-    said = dist.receiver_error(4, "tunnel: ssh: connect to host 10.0.0.5 port 22: No route to host", "atlas0", 15000)
+    said = dist.receiver_error(
+        4, "tunnel: ssh: connect to host 10.0.0.5 port 22: No route to host", "atlas0", 15000
+    )
     assert "could not reach the image registry on the build server atlas0" in said
-    assert "No route to host" in said and "cluster_image_build_address" in said and "AllowTcpForwarding" in said
+    assert (
+        "No route to host" in said and "cluster_image_build_address" in said and "AllowTcpForwarding" in said
+    )
     assert dist.receiver_error(1, "manifest unknown", "atlas0", 15000).startswith(
         "the pull from the build server atlas0 failed (rc 1)"
     )
@@ -203,7 +196,8 @@ def test_docker_over_ssh_runs_the_servers_docker_through_the_controllers_ssh(tmp
     args = ["-H", "ssh://root@172.30.99.10:2222", "exec", "-i", "node0", "/bin/sh", "-c", "echo 'a b'"]
     done = subprocess.run([str(shim), *args], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.splitlines() == [
-        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", "2222", "-l", "root", "--", "172.30.99.10",
+        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", "2222", "-l", "root", "--",
+        "172.30.99.10",
         "docker exec -i node0 /bin/sh -c 'echo '\"'\"'a b'\"'\"''",
     ]  # fmt: skip
     refused = subprocess.run([str(shim), "-H", "ssh://root@h", "cp", "node0:/x", "/tmp"], env=env,

@@ -1,7 +1,8 @@
 """The controller's setup scripts, with fake interpreters and package managers on PATH (no Docker, no root).
 
-scripts/find-python.sh picks the Python `make venv` uses; scripts/install-tool.sh installs a tool's package with
-apt-get, dnf or yum. Each runs with PATH set to a folder of fakes and a folder of the few real tools it needs.
+scripts/find-python.sh picks the Python `make venv` uses; scripts/install-tool.sh installs a tool's package
+with apt-get, dnf or yum. Each runs with PATH set to a folder of fakes and a folder of the few real tools it
+needs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FIND_PYTHON = REPO / "scripts" / "find-python.sh"
 INSTALL_TOOL = REPO / "scripts" / "install-tool.sh"
 TOOLS = ("bash", "env", "sed", "head", "tr", "basename", "dirname", "chmod", "cat")
@@ -66,7 +67,9 @@ def find_python(
     env = {"PATH": f"{fakes}:{tools}", "OS_RELEASE": str(release)}
     if python is not None:
         env["PYTHON"] = python
-    return subprocess.run([str(FIND_PYTHON), *args], env=env, capture_output=True, text=True, check=False, timeout=30)
+    return subprocess.run(
+        [str(FIND_PYTHON), *args], env=env, capture_output=True, text=True, check=False, timeout=30
+    )
 
 
 def test_picks_the_newest_supported_python(tmp_path: Path, fakes: Path, tools: Path) -> None:
@@ -98,8 +101,9 @@ def test_only_310_on_ubuntu_2204_names_the_apt_line(tmp_path: Path, fakes: Path,
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr == (
-        "make venv: the pinned Ansible (ansible-core 2.19) needs Python 3.11-3.13 on the controller, found python3"
-        f" is 3.10; install one as root: apt-get install -y python3.11 python3.11-venv, {AFTER}\n"
+        "make venv: the pinned Ansible (ansible-core 2.19) needs Python 3.11-3.13 on the controller,"
+        " found python3 is 3.10; install one as root: apt-get install -y python3.11 python3.11-venv,"
+        f" {AFTER}\n"
     )
 
 
@@ -111,13 +115,15 @@ def test_only_310_on_ubuntu_2204_names_the_apt_line(tmp_path: Path, fakes: Path,
         (DEBIAN_12, "apt-get install -y python3 python3-venv"),
     ],
 )
-def test_install_line_follows_the_os(tmp_path: Path, fakes: Path, tools: Path, os_release: str, command: str) -> None:
+def test_install_line_follows_the_os(
+    tmp_path: Path, fakes: Path, tools: Path, os_release: str, command: str
+) -> None:
     fake_python(fakes, "python3", "3.9")
     result = find_python(tmp_path, fakes, tools, os_release)
     assert result.returncode == 1
     assert result.stderr == (
-        "make venv: the pinned Ansible (ansible-core 2.19) needs Python 3.11-3.13 on the controller, found python3"
-        f" is 3.9; install one as root: {command}, {AFTER}\n"
+        "make venv: the pinned Ansible (ansible-core 2.19) needs Python 3.11-3.13 on the controller,"
+        f" found python3 is 3.9; install one as root: {command}, {AFTER}\n"
     )
 
 
@@ -131,7 +137,10 @@ def test_python_newer_than_the_pin_is_passed_over(tmp_path: Path, fakes: Path, t
 def test_no_python_at_all(tmp_path: Path, fakes: Path, tools: Path) -> None:
     result = find_python(tmp_path, fakes, tools, UBUNTU_2204)
     assert result.returncode == 1
-    assert "on the controller, no python3 on PATH; install one as root: apt-get install -y python3.11" in result.stderr
+    assert (
+        "on the controller, no python3 on PATH; install one as root: apt-get install -y python3.11"
+        in result.stderr
+    )
 
 
 def test_python_given_too_old_is_refused(tmp_path: Path, fakes: Path, tools: Path) -> None:
@@ -177,12 +186,17 @@ def test_supported_venv_is_kept(tmp_path: Path, fakes: Path, tools: Path) -> Non
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
-def test_venv_on_another_python_than_the_one_given_is_rebuilt(tmp_path: Path, fakes: Path, tools: Path) -> None:
+def test_venv_on_another_python_than_the_one_given_is_rebuilt(
+    tmp_path: Path, fakes: Path, tools: Path
+) -> None:
     fake_python(fakes, "python3.13", "3.13")
     venv = make_venv(tmp_path, "3.11")
     result = find_python(tmp_path, fakes, tools, DEBIAN_12, str(venv), python="python3.13")
     assert (result.returncode, result.stdout) == (0, f"{fakes}/python3.13\n")
-    assert result.stderr == f"make venv: {venv} is on Python 3.11, PYTHON=python3.13 is 3.13; rebuilding {venv}\n"
+    assert (
+        result.stderr
+        == f"make venv: {venv} is on Python 3.11, PYTHON=python3.13 is 3.13; rebuilding {venv}\n"
+    )
 
 
 def test_venv_on_too_old_python_is_rebuilt(tmp_path: Path, fakes: Path, tools: Path) -> None:
@@ -204,12 +218,15 @@ def test_venv_on_too_old_python_and_nothing_newer(tmp_path: Path, fakes: Path, t
     assert result.stdout == ""
     lines = result.stderr.splitlines()
     assert lines[0].startswith(f"make venv: {venv} was made with Python 3.10")
-    assert "found python3 is 3.10; install one as root: apt-get install -y python3.11 python3.11-venv" in lines[1]
+    assert (
+        "found python3 is 3.10; install one as root: apt-get install -y python3.11 python3.11-venv"
+        in lines[1]
+    )
 
 
 def fake_manager(folder: Path, name: str) -> None:
-    """A package manager that logs its argv and, for a package in FAKE_PACKAGES (package=command ...), puts that
-    command next to itself; other packages fail, as with no such package."""
+    """A package manager that logs its argv and, for a package in FAKE_PACKAGES (package=command ...), puts
+    that command next to itself; other packages fail, as with no such package."""
     write_script(
         folder / name,
         f'echo "{name} $*" >> "$FAKE_LOG"\n'
@@ -217,7 +234,8 @@ def fake_manager(folder: Path, name: str) -> None:
         'for package in "$@"; do :; done\n'
         "for pair in $FAKE_PACKAGES; do\n"
         '  if [ "${pair%%=*}" = "$package" ]; then\n'
-        '    printf "#!/bin/sh\\n" > "$(dirname "$0")/${pair#*=}"; chmod +x "$(dirname "$0")/${pair#*=}"; exit 0\n'
+        '    printf "#!/bin/sh\\n" > "$(dirname "$0")/${pair#*=}"'
+        '; chmod +x "$(dirname "$0")/${pair#*=}"; exit 0\n'
         "  fi\n"
         "done\n"
         'echo "No match for argument: $package" >&2; exit 1\n',
@@ -230,7 +248,9 @@ def install_tool(
     write_script(fakes / "id", f'[ "$1" = -u ] && echo {uid}\n')
     log = tmp_path / "manager.log"
     env = {"PATH": f"{fakes}:{tools}", "FAKE_LOG": str(log), "FAKE_PACKAGES": packages}
-    result = subprocess.run([str(INSTALL_TOOL), tool], env=env, capture_output=True, text=True, check=False, timeout=30)
+    result = subprocess.run(
+        [str(INSTALL_TOOL), tool], env=env, capture_output=True, text=True, check=False, timeout=30
+    )
     return result, log.read_text().splitlines() if log.exists() else []
 
 
@@ -259,12 +279,14 @@ def test_present_tool_runs_nothing(tmp_path: Path, fakes: Path, tools: Path) -> 
 
 
 REGISTRY_NOTE = (
-    "; docker-distribution's command is 'registry', not 'docker-registry': set training_image_registry_command:"
-    " registry (group_vars, or -e) for registry distribution"
+    "; docker-distribution's command is 'registry', not 'docker-registry':"
+    " set training_image_registry_command: registry (group_vars, or -e) for registry distribution"
 )
 
 
-def test_dnf_installs_docker_distribution_and_names_its_command(tmp_path: Path, fakes: Path, tools: Path) -> None:
+def test_dnf_installs_docker_distribution_and_names_its_command(
+    tmp_path: Path, fakes: Path, tools: Path
+) -> None:
     fake_manager(fakes, "dnf")
     fake_manager(fakes, "yum")
     result, calls = install_tool(tmp_path, fakes, tools, "docker-registry", "docker-distribution=registry")
@@ -315,7 +337,10 @@ def test_not_root_gets_one_line_and_nothing_runs(tmp_path: Path, fakes: Path, to
     fake_manager(fakes, "apt-get")
     result, calls = install_tool(tmp_path, fakes, tools, "debootstrap", "debootstrap=debootstrap", uid=1000)
     assert (result.returncode, result.stdout, calls) == (1, "", [])
-    assert result.stderr == "install-tool: debootstrap is missing; install it as root: apt-get install -y debootstrap\n"
+    assert (
+        result.stderr
+        == "install-tool: debootstrap is missing; install it as root: apt-get install -y debootstrap\n"
+    )
 
 
 def test_not_root_on_dnf_names_the_registry_command(tmp_path: Path, fakes: Path, tools: Path) -> None:
@@ -332,7 +357,8 @@ def test_no_package_manager(tmp_path: Path, fakes: Path, tools: Path) -> None:
     result, calls = install_tool(tmp_path, fakes, tools, "debootstrap")
     assert (result.returncode, calls) == (1, [])
     assert result.stderr == (
-        "install-tool: debootstrap is missing and there is no apt-get, dnf or yum here: install debootstrap yourself\n"
+        "install-tool: debootstrap is missing and there is no apt-get, dnf or yum here:"
+        " install debootstrap yourself\n"
     )
 
 

@@ -1,0 +1,58 @@
+"""Action ``ddp_job_collect``: bring one node's results of a job to the controller, as one archive.
+
+Runs the ``ddp_job_pack`` module on the node's server (everything of the job's directory but older
+checkpoints, whatever the job's end; the server's own Python, so a node whose container died still sends its
+logs) and fetches the archive to runs/<id>/.incoming/<node>.tar.gz. Every node at once (one task; Ansible's
+forks). A node the supervisor found lost (``lost: true``) may not answer at all: it is tried with a short
+connection timeout (the task's), and what cannot come back is a warning, never a failure: the others' results
+and the report still come.
+
+    - ddp_job_collect:
+        plan: "{{ _ddp_job_plan }}"
+        lost: false
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleError
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+
+ARCHIVE = "results.tar.gz"
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("plan", "lost"))
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result = super().run(tmp, task_vars)
+        plan = self._task.args["plan"]
+        lost = boolean(self._task.args.get("lost", False), strict=False)
+        node = str((task_vars or {})["inventory_hostname"])
+        host_dir = plan["host_dirs"][node]
+        archive = f"{host_dir}/{ARCHIVE}"
+        packed = self._execute_module(
+            module_name="ddp_job_pack",
+            module_args={"job_dir": host_dir, "archive": archive},
+            task_vars=task_vars,
+        )
+        if packed.get("failed"):
+            return self._failed(result, node, lost, f"could not pack its results: {packed.get('msg', '')}")
+        destination = Path(plan["run_dir"], ".incoming", f"{node}.tar.gz")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._connection.fetch_file(archive, str(destination))
+        except AnsibleError as error:
+            return self._failed(result, node, lost, f"could not fetch {archive}: {error}")
+        return {**result, "changed": True, "archive": str(destination), "members": packed.get("members", 0)}
+
+    @staticmethod
+    def _failed(result: dict[str, Any], node: str, lost: bool, message: str) -> dict[str, Any]:
+        """Never a failure: the job's outcome is the job's; the report names the node whose results are
+        missing."""
+        why = " (the supervisor found it lost)" if lost else ""
+        return {**result, "changed": False, "warnings": [f"{node}{why}: {message}"], "msg": message}

@@ -1,0 +1,111 @@
+"""ddp-cluster report: a run directory's nodes' archives laid out, and the lines, warnings, failure and exit status
+of a job or a health gate, as train.yml and check.yml print them."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from test_health import gate_results, pair
+from test_plan import OPTIONS, inventory, request
+
+from ddp_cluster import cli, jobreport, plan
+from ddp_cluster.status import Status
+
+
+def archive(run_dir: Path, node: str, files: dict[str, str]) -> None:
+    incoming = run_dir / ".incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(incoming / f"{node}.tar.gz", "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def planned(tmp_path: Path, **changes: Any) -> Path:
+    made = plan.make_plan(request(**changes), OPTIONS, inventory(tmp_path))
+    plan.write_files(made)
+    return Path(made.run_dir)
+
+
+def test_a_job_that_succeeded_is_laid_out_and_summed_up(tmp_path: Path) -> None:
+    run_dir = planned(tmp_path)
+    summary = {"final_loss": 0.409412, "accuracy": 0.95263, "samples_per_s": 18662.4, "seconds": 0.1612}
+    archive(run_dir, "s0", {
+        "status.json": Status(state="succeeded", elapsed=6.4, rc=0).dumps(),
+        "output/summary.json": json.dumps(summary),
+        "logs/1/rank.0/stdout": "[rank 0/4] done\n",
+    })  # fmt: skip
+    archive(run_dir, "s1", {"logs/1/rank.2/stdout": "[rank 2/4] done\n"})
+    done = jobreport.report(run_dir)
+    assert done.exit_status == 0 and not done.failure
+    assert done.lines[:5] == [
+        "job j1: succeeded in 6.4 s",
+        "nodes: s0, s1; ranks: 4 (mpirun)",
+        "final loss: 0.4094; accuracy: 0.9526",
+        "samples/s: 18662; training seconds: 0.16",
+        "started fresh",
+    ]
+    assert (run_dir / "logs" / "rank.2.log").read_text() == "[rank 2/4] done\n" and (
+        run_dir / "summary.json"
+    ).exists()
+    assert done.warnings == ["no loss curve: the job wrote no metrics.jsonl (a user script writes one only if it"
+                             " chooses to, into $DDP_JOB_DIR/output/)"]  # fmt: skip
+
+
+def test_a_failed_job_names_node_rank_exit_and_the_likely_cause(tmp_path: Path) -> None:
+    run_dir = planned(tmp_path)
+    failed = Status(state="failed", reason="a rank exited with an error", failed_node="s1", failed_rank=1, exit_code=3,
+                    log_file="s1:/workspace/jobs/j1/logs/1/rank.1/stdout", log_tail=("failing on purpose",))  # fmt: skip
+    archive(run_dir, "s0", {"status.json": failed.dumps()})
+    done = jobreport.report(run_dir)
+    assert done.exit_status == 1
+    assert done.failure.startswith("job j1 failed: a rank exited with an error (node s1)")
+    assert done.lines[:6] == [
+        "job j1 failed: a rank exited with an error",
+        "node: s1, rank: 1,",
+        "exit code 3",
+        "ranks left running after the stop: none",
+        "last lines of s1:/workspace/jobs/j1/logs/1/rank.1/stdout:",
+        "failing on purpose",
+    ]
+    assert any(line.startswith("ddp-cluster doctor: ") for line in done.lines)
+    assert done.warnings == ["s1: no archive came back (its results are missing)"]
+
+
+def test_a_gate_prints_its_results_and_a_preflight_gate_keeps_them_with_its_job(tmp_path: Path) -> None:
+    run_dir = planned(tmp_path, kind="preflight")
+    archive(
+        run_dir,
+        "s0",
+        {"status.json": Status(state="succeeded").dumps(), "output/health.json": json.dumps(gate_results())},
+    )
+    done = jobreport.report(run_dir)
+    assert done.gate_passed and done.exit_status == 0 and done.lines[0].startswith("health gate PASSED")
+    assert (run_dir.parent / "health.json").read_bytes() == (run_dir / "health.json").read_bytes()
+    slow = gate_results(
+        pairs=[pair("node0", "node1", 1.0), pair("node1", "node2", 0.01), pair("node2", "node0", 0.01)]
+    )
+    check_dir = planned(tmp_path, kind="check", id="c1")
+    archive(
+        check_dir,
+        "s0",
+        {"status.json": Status(state="succeeded").dumps(), "output/health.json": json.dumps(slow)},
+    )
+    failed = jobreport.report(check_dir)
+    assert failed.failure.startswith("health gate c1 failed: node node2 is slow") and not failed.gate_passed
+
+
+def test_the_command_prints_the_report_and_exits_with_its_status(tmp_path: Path, capsys: Any) -> None:
+    run_dir = planned(tmp_path)
+    archive(run_dir, "s0", {"status.json": Status(state="failed", reason="the job was stopped").dumps()})
+    assert cli.main(["report", str(run_dir)]) == 1
+    out = capsys.readouterr()
+    assert "job j1 failed: the job was stopped" in out.out and "(node unknown)" in out.err
+    assert cli.main(["report", str(run_dir)]) == 1  # again, on what is laid out already
+    assert cli.main(["report", str(tmp_path / "none")]) == 2

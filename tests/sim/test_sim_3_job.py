@@ -1,0 +1,65 @@
+"""Jobs across servers: train.yml with both launchers, the health gate through the servers' firewalls, and a
+server dying mid-job (killed, then started again: tests/sim/test_sim_4_preflight.py runs a job on it last)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from .conftest import QUICK, RUNS, SIM, STATE, job_id, on_node, on_server, train, wait_engine
+from conftest import PlaybookResult, run_playbook, start_train
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+def test_train_across_servers(sim_cluster: PlaybookResult, launcher: str) -> None:
+    job = job_id(launcher)
+    result = train(job, nodes=2, launcher=launcher, script_args=QUICK)
+    assert result.rc == 0, result.stdout[-5000:]
+    summary = json.loads((RUNS / job / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    # torchrun: each worker's own log, and each node's agent's.
+    agents = ["agent.0.log", "agent.1.log"] if launcher == "torchrun" else []
+    assert sorted(p.name for p in (RUNS / job / "logs").iterdir()) == [*agents, "rank.0.log", "rank.1.log"]
+    assert (RUNS / job / "nodes" / "sim-server1").is_dir()
+
+
+def test_the_health_gate_measures_across_servers_through_their_firewalls(sim_cluster: PlaybookResult) -> None:
+    job = job_id("check")
+    result = run_playbook("check.yml", extravars={"job_id": job, "nodes": 2}, inventory=SIM)
+    assert result.rc == 0, result.stdout[-5000:]
+    assert "health gate PASSED: 2 node(s), 2 rank(s), gloo on cpu, mpirun" in result.stdout
+    results = json.loads((RUNS / job / "health.json").read_text())
+    assert [(pair["a"], pair["b"]) for pair in results["pairs"]] == [("sim-server0", "sim-server1")]
+    assert results["pairs"][0]["busbw_gbps"] > 0 and results["check"]["ok"]
+
+
+def test_dead_server_fails_the_job_within_60s_naming_it(sim_cluster: PlaybookResult) -> None:
+    job = job_id("dead")
+    args = "--dataset synthetic --synthetic-samples 200000 --epochs 50 --batch-size 64 --log-every 50"
+    playbook = start_train(job, args, SIM)
+    status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
+    try:
+        deadline = time.monotonic() + 240
+        while '"step"' not in on_server("sim-server0", f"cat {status} 2>/dev/null", check=False).stdout:
+            assert playbook.poll() is None, "train.yml ended before the job made progress"
+            assert time.monotonic() < deadline, "the job made no progress within 240 s"
+            time.sleep(1)
+        subprocess.run(["docker", "kill", "sim-server1"], check=True, capture_output=True)
+        killed = time.monotonic()
+        output, _ = playbook.communicate(timeout=150)
+        took = time.monotonic() - killed
+    finally:
+        if playbook.poll() is None:
+            os.killpg(playbook.pid, signal.SIGTERM)
+        subprocess.run(["docker", "start", "sim-server1"], check=True, capture_output=True)
+    assert playbook.returncode != 0
+    assert took < 60, f"train.yml took {took:.0f} s to fail after sim-server1 died"
+    assert f"job {job} failed: node sim-server1" in output, output[-4000:]
+    left = on_node("sim-server0", f"pgrep -af '[/]workspace/jobs/{job}/' || true").stdout.strip()
+    assert left == "", left
+    wait_engine("sim-server1")
