@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 8])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    wall, rc, out = playbook("site.yml", nodes=max(args.nodes))
+    _wall, rc, out = playbook("site.yml", nodes=max(args.nodes))
     if rc != 0:
         raise SystemExit(f"site.yml failed:\n{out[-3000:]}")
     rows = []

@@ -55,8 +55,8 @@ def test_two_nodes_train_digits(local_cluster: PlaybookResult, launcher: str) ->
     job = job_id(launcher)
     # As a user sees it (ansible.cfg's output, without the skipped tasks the other tests read).
     quiet = {"ANSIBLE_DISPLAY_SKIPPED_HOSTS": "false"}
-    result = run_playbook("train.yml", extravars={"job_id": job, "nodes": 2, "launcher": launcher, "script_args": QUICK},
-                          env=quiet)  # fmt: skip
+    result = run_playbook("train.yml", extravars={"job_id": job, "nodes": 2, "launcher": launcher,
+                                                  "script_args": QUICK}, env=quiet)  # fmt: skip
     assert result.rc == 0, result.stdout[-5000:]
     assert_results(job, world_size=2)
     assert summary(job)["accuracy"] >= 0.9

@@ -1,5 +1,5 @@
-"""ddp-cluster report: a run directory's nodes' archives laid out, and the lines, warnings, failure and exit status
-of a job or a health gate, as train.yml and check.yml print them."""
+"""ddp-cluster report: a run directory's nodes' archives laid out, and the lines, warnings, failure and exit
+status of a job or a health gate, as train.yml and check.yml print them."""
 
 from __future__ import annotations
 
@@ -54,14 +54,15 @@ def test_a_job_that_succeeded_is_laid_out_and_summed_up(tmp_path: Path) -> None:
     assert (run_dir / "logs" / "rank.2.log").read_text() == "[rank 2/4] done\n" and (
         run_dir / "summary.json"
     ).exists()
-    assert done.warnings == ["no loss curve: the job wrote no metrics.jsonl (a user script writes one only if it"
-                             " chooses to, into $DDP_JOB_DIR/output/)"]  # fmt: skip
+    assert done.warnings == ["no loss curve: the job wrote no metrics.jsonl (a user script writes one only"
+                             " if it chooses to, into $DDP_JOB_DIR/output/)"]  # fmt: skip
 
 
 def test_a_failed_job_names_node_rank_exit_and_the_likely_cause(tmp_path: Path) -> None:
     run_dir = planned(tmp_path)
-    failed = Status(state="failed", reason="a rank exited with an error", failed_node="s1", failed_rank=1, exit_code=3,
-                    log_file="s1:/workspace/jobs/j1/logs/1/rank.1/stdout", log_tail=("failing on purpose",))  # fmt: skip
+    failed = Status(state="failed", reason="a rank exited with an error", failed_node="s1", failed_rank=1,
+                    exit_code=3, log_file="s1:/workspace/jobs/j1/logs/1/rank.1/stdout",
+                    log_tail=("failing on purpose",))  # fmt: skip
     archive(run_dir, "s0", {"status.json": failed.dumps()})
     done = jobreport.report(run_dir)
     assert done.exit_status == 1

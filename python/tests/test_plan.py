@@ -1,5 +1,6 @@
-"""ddp_cluster.plan: the request and the inventory's records to a JobSpec, its paths and files; every refusal names
-the variable a user sets. The launcher's command line is checked through the plan, as train.yml makes it."""
+"""ddp_cluster.plan: the request and the inventory's records to a JobSpec, its paths and files; every refusal
+names the variable a user sets. The launcher's command line is checked through the plan, as train.yml makes
+it."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def mca(argv: list[str], name: str) -> str:
     return next(argv[i + 2] for i, part in enumerate(argv) if part == "--mca" and argv[i + 1] == name)
 
 
-# --- the request, as a user types it -------------------------------------------------------------------------
+# --- the request, as a user types it ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -196,7 +197,7 @@ def test_the_records_are_read_from_one_file_per_node(tmp_path: Path) -> None:
         (tmp_path / f"{node}.json").write_text(json.dumps(data))
     assert plan.read_records(tmp_path) == records("s0", "s1")
     (tmp_path / "s2.json").write_text("{")
-    with pytest.raises(PlanError, match="s2.json cannot be read"):
+    with pytest.raises(PlanError, match=r"s2\.json cannot be read"):
         plan.read_records(tmp_path)
 
 

@@ -1,8 +1,8 @@
 """The job, as one typed object from the plan to the results: :class:`JobSpec`.
 
-The plan (:func:`ddp_cluster.plan.make_plan`, called once by ``train.yml`` and ``check.yml`` on the controller)
-makes it from what the user asked and what site.yml recorded of the nodes (each node's cluster network), and
-ships it as ``JOB/job.json`` to every node. Everything else
+The plan (:func:`ddp_cluster.plan.make_plan`, called once by ``train.yml`` and ``check.yml`` on the
+controller) makes it from what the user asked and what site.yml recorded of the nodes (each node's cluster
+network), and ships it as ``JOB/job.json`` to every node. Everything else
 comes from the spec: the launcher's command line (:meth:`JobSpec.launch_argv`), the hostfile, the program
 every rank runs, whether mpirun's processes are ranks or torchrun agents, the logs' paths
 (:mod:`ddp_cluster.results`), and the supervisor's bounds (``python -m ddp_cluster.supervise --job-dir

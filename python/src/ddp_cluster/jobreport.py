@@ -1,16 +1,16 @@
 """``ddp-cluster report RUN_DIR``: everything a run says once its nodes' archives are back, in one place.
 
-train.yml and check.yml call it (through the ``ddp_job_report`` action) after fetching one archive per node into
-``RUN_DIR/.incoming/``; a user can run it again on any run directory. In order:
+train.yml and check.yml call it (through the ``ddp_job_report`` action) after fetching one archive per node
+into ``RUN_DIR/.incoming/``; a user can run it again on any run directory. In order:
 
-1. the layout (:func:`ddp_cluster.results.lay_out`): each node's files under ``nodes/``, the first node's outputs
-   on top, one log per rank under ``logs/``;
+1. the layout (:func:`ddp_cluster.results.lay_out`): each node's files under ``nodes/``, the first node's
+   outputs on top, one log per rank under ``logs/``;
 2. the status (:mod:`ddp_cluster.status`) and the plan (``plan.json``, :mod:`ddp_cluster.plan`);
 3. a job's loss curve (``loss.png``, :mod:`ddp_cluster.plot`) and summary (``summary.json``);
 4. a health gate's results (:mod:`ddp_cluster.health`; a preflight gate's also kept as the job's
    ``runs/<id>/health.json``);
-5. on failure, the node, the rank, the exit status, the failed rank's last lines and the doctor's likely causes
-   (:mod:`ddp_cluster.doctor`).
+5. on failure, the node, the rank, the exit status, the failed rank's last lines and the doctor's likely
+   causes (:mod:`ddp_cluster.doctor`).
 
 :func:`report` returns the lines to print, the warnings (what a step after the job could not do: never a
 failure of a job that succeeded), the one-line failure (empty on success) and the exit status (0, or 1).
@@ -69,8 +69,8 @@ def _plot(run_dir: Path, report: Report, wanted: bool) -> None:
     if not metrics.is_file():
         if wanted:
             report.warnings.append(
-                "no loss curve: the job wrote no metrics.jsonl (a user script writes one only if it chooses to,"
-                " into $DDP_JOB_DIR/output/)"
+                "no loss curve: the job wrote no metrics.jsonl (a user script writes one only if it chooses"
+                " to, into $DDP_JOB_DIR/output/)"
             )
         return
     if (run_dir / PLOT_FILE).exists():
@@ -135,8 +135,8 @@ def report(run_dir: Path) -> Report:
             out.warnings += [f"{node}: no archive came back (its results are missing)" for node in missing]
         except (OSError, ValueError, KeyError) as error:
             out.warnings.append(
-                f"the results could not be laid out under {run_dir}: {str(error)[:300]} (the archives of the nodes"
-                f" are in {run_dir}/.incoming)"
+                f"the results could not be laid out under {run_dir}: {str(error)[:300]} (the archives of the"
+                f" nodes are in {run_dir}/.incoming)"
             )
     found = status.read(run_dir / status.FILE)
     succeeded = found is not None and found.succeeded
@@ -154,7 +154,8 @@ def report(run_dir: Path) -> Report:
                 f"{label}: succeeded in {found.elapsed if found else '?'} s",
                 f"nodes: {', '.join(nodes)}; ranks: {planned['spec']['nproc_per_node'] * len(nodes)}"
                 f" ({planned['spec']['launcher']})",
-                f"final loss: {_figure(summary, 'final_loss', '%.4g')}; accuracy: {_figure(summary, 'accuracy', '%.4f')}",
+                f"final loss: {_figure(summary, 'final_loss', '%.4g')};"
+                f" accuracy: {_figure(summary, 'accuracy', '%.4f')}",
                 f"samples/s: {_figure(summary, 'samples_per_s', '%.0f')}; training seconds:"
                 f" {_figure(summary, 'seconds', '%.2f')}",
                 f"resumed from {resumed}" if resumed else "started fresh",
@@ -167,8 +168,8 @@ def report(run_dir: Path) -> Report:
     out.lines += _failure_lines(label, run_dir, found)
     out.failure = (
         f"{label} failed: {found.reason if found and found.reason else 'no status from the supervisor'}"
-        f" (node {found.failed_node if found and found.failed_node else 'unknown'}); the report above names the likely"
-        f" cause; all logs: {run_dir}"
+        f" (node {found.failed_node if found and found.failed_node else 'unknown'});"
+        f" the report above names the likely cause; all logs: {run_dir}"
     )
     return out
 
@@ -189,15 +190,18 @@ def _gate(run_dir: Path, label: str, kind: str, out: Report) -> Report:
         out.gate_passed = True
         return out
     problems = "; ".join(str(problem) for problem in verdict.get("problems", [])) or "the verdict is failed"
-    out.failure = f"{label} failed: {problems}{not_started}; the report above has the figures: {run_dir}/{health.HEALTH_FILE}"
+    out.failure = (
+        f"{label} failed: {problems}{not_started}; the report above has the figures:"
+        f" {run_dir}/{health.HEALTH_FILE}"
+    )
     return out
 
 
 def cli(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="ddp-cluster report",
-        description="Lay out a run's results and print its report (summary, health gate, failure, likely cause);"
-        " exit 1 when the job or the gate failed.",
+        description="Lay out a run's results and print its report (summary, health gate, failure, likely"
+        " cause); exit 1 when the job or the gate failed.",
     )
     parser.add_argument(
         "run_dir", type=Path, help="a run directory, runs/<job-id>/ (or runs/<job-id>/preflight)"

@@ -1,4 +1,5 @@
-"""A job's plan, from the request to the :class:`ddp_cluster.job.JobSpec`, its paths and its files, in one place.
+"""A job's plan, from the request to the :class:`ddp_cluster.job.JobSpec`, its paths and its files, in one
+place.
 
 ``train.yml`` and ``check.yml`` call :func:`make_plan` once, on the controller, through the ``ddp_job_plan``
 action, with
@@ -6,15 +7,16 @@ action, with
 * the request: the ``ddp_job`` role's variables (train.yml's extra vars: nodes, launcher, script, ...), as
   Ansible resolved them, and the role's argument_specs (the one declaration of their types and choices:
   :func:`check_request` reads them, and names the extra var a user typed);
-* the inventory's facts (:class:`Inventory`): the nodes, the cluster's accelerator, and what site.yml recorded
-  of each node on the controller (:class:`NodeRecord`, ``~/.ddp-cluster/<cluster>/nodes/<node>.json``: its cluster
-  interface, address, CPU binding and workspace), so that a job probes nothing that does not change between jobs.
+* the inventory's facts (:class:`Inventory`): the nodes, the cluster's accelerator, and what site.yml
+  recorded of each node on the controller (:class:`NodeRecord`,
+  ``~/.ddp-cluster/<cluster>/nodes/<node>.json``: its cluster interface, address, CPU binding and workspace),
+  so that a job probes nothing that does not change between jobs.
 
-It returns a :class:`Plan` (the spec, where the job's files are on the controller and on each node, what each node
-checks before the start, the lines that say what will run) or raises :class:`PlanError` naming every variable
-that is wrong and how to fix it. :func:`write_files` then writes the job's files: ``runs/<id>/plan.json`` (read
-by ``ddp-cluster report``) and ``job.tar.gz`` (job.json, the script or the project, the rank table), which the
-first node unpacks and its supervisor gives every other node.
+It returns a :class:`Plan` (the spec, where the job's files are on the controller and on each node, what each
+node checks before the start, the lines that say what will run) or raises :class:`PlanError` naming every
+variable that is wrong and how to fix it. :func:`write_files` then writes the job's files:
+``runs/<id>/plan.json`` (read by ``ddp-cluster report``) and ``job.tar.gz`` (job.json, the script or the
+project, the rank table), which the first node unpacks and its supervisor gives every other node.
 
 Standard library only.
 """
@@ -84,7 +86,8 @@ class PlanError(ValueError):
 
 
 def user_name(name: str) -> str:
-    """The name a user sets for the role's variable ``name`` (without ddp_job_): the extra var, or the variable."""
+    """The name a user sets for the role's variable ``name`` (without ddp_job_): the extra var, or the
+    variable."""
     return USER_NAMES.get(name, PREFIX + name)
 
 
@@ -94,8 +97,9 @@ def _choices(values: Sequence[Any]) -> str:
 
 
 def check_request(request: Mapping[str, Any], options: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The request's values against the role's argument_specs options (``ddp_job_<name>``: type, choices): one
-    problem per value that does not fit, naming what the user sets. ``raw`` options are checked by the plan."""
+    """The request's values against the role's argument_specs options (``ddp_job_<name>``: type, choices):
+    one problem per value that does not fit, naming what the user sets. ``raw`` options are checked by the
+    plan."""
     problems = []
     for option, spec in options.items():
         name = option.removeprefix(PREFIX)
@@ -140,8 +144,8 @@ class NodeRecord:
             )
             raise PlanError(
                 [
-                    f"{node}: {detail} when site.yml recorded it: set cluster_network_interface for this host to the"
-                    " interface that carries its cluster address, run site.yml, then train.yml again"
+                    f"{node}: {detail} when site.yml recorded it: set cluster_network_interface for this host"
+                    " to the interface that carries its cluster address, run site.yml, then train.yml again"
                 ]
             )
         try:
@@ -225,8 +229,9 @@ class Plan:
             else spec.script or "python -m ddp_cluster.train"
         )
         line = (
-            f"{self.label} {spec.id}: {spec.launcher} on {', '.join(spec.nodes)}, {spec.nproc_per_node} process(es)"
-            f" per node, world size {spec.world_size}, device {spec.device}{cpu},"
+            f"{self.label} {spec.id}: {spec.launcher} on {', '.join(spec.nodes)},"
+            f" {spec.nproc_per_node} process(es) per node, world size {spec.world_size},"
+            f" device {spec.device}{cpu},"
             f" {' '.join([program, *spec.script_args])}"
         )
         if spec.kind == "preflight":
@@ -234,7 +239,9 @@ class Plan:
         if self.packed:  # the job's project (a preflight gate packs it for the job after it)
             again = ", as packed for its health gate" if self.packed.get("reused") else ""
             mib = float(self.packed.get("bytes", 0)) / 1048576
-            line += f" in {self.packed.get('workdir')} ({self.packed.get('files')} files, {mib:.1f} MiB{again})"
+            line += (
+                f" in {self.packed.get('workdir')} ({self.packed.get('files')} files, {mib:.1f} MiB{again})"
+            )
         if self.resume_checkpoint:
             line += f", resuming from {self.resume_checkpoint}"
         lines = [line]
@@ -298,8 +305,8 @@ def split_args(value: Any) -> list[str]:
 
 
 def health_args(request: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """The gate's arguments from the ddp_job_health_* settings, and the problems with their ranges (their types
-    are argument_specs', checked by :func:`check_request`)."""
+    """The gate's arguments from the ddp_job_health_* settings, and the problems with their ranges (their
+    types are argument_specs', checked by :func:`check_request`)."""
     text = {name: str(request.get(f"health_{name}", "")).strip() for name in HEALTH_SETTINGS}
     value = {name: float(shown) for name, shown in text.items() if NUMBER.match(shown)}
     rules = {
@@ -365,8 +372,8 @@ def ping_targets(
             if peer_device >= len(peer_ips):
                 raise PlanError(
                     [
-                        f"{peer} has no address for device {peer_device} in the device-IP plan (npu_device_ips or"
-                        " npu_device_ip_seed with npu_device_count)"
+                        f"{peer} has no address for device {peer_device} in the device-IP plan"
+                        " (npu_device_ips or npu_device_ip_seed with npu_device_count)"
                     ]
                 )
             targets[node].append(
@@ -426,7 +433,8 @@ def make_plan(
         count = int(str(nodes_asked))
     if request.get("launcher") == "torch_npu_run" and inventory.accelerator != "npu":
         problems.append(
-            f"launcher=torch_npu_run needs torch_npu: it is for npu clusters (this one is {inventory.accelerator})"
+            "launcher=torch_npu_run needs torch_npu: it is for npu clusters"
+            f" (this one is {inventory.accelerator})"
         )
     timeout, problem = _whole(request.get("timeout", ""), "timeout")
     problems += [problem] if problem and not gate else []
@@ -442,8 +450,8 @@ def make_plan(
     max_mb = str(request.get("workdir_max_mb", workdir.DEFAULT_MAX_MB)).strip()
     if project and not script:
         problems.append(
-            f"workdir={project} needs the script to run in it: add -e script=PATH, a path inside the directory"
-            " (e.g. train.py)"
+            f"workdir={project} needs the script to run in it: add -e script=PATH, a path inside the"
+            " directory (e.g. train.py)"
         )
     if project and NUMBER.match(max_mb) and float(max_mb) <= 0:
         problems.append(f"ddp_job_workdir_max_mb={max_mb} must be a number of MiB above 0")
@@ -451,16 +459,16 @@ def make_plan(
     script_path = (cwd / script).resolve() if script and not project else None
     if script_path is not None and not script_path.is_file():
         problems.append(
-            f"script={script} does not exist on the controller (or is not a file): give the path of a torchrun-style"
-            f" training script, relative to {cwd} or absolute"
+            f"script={script} does not exist on the controller (or is not a file): give the path of a"
+            f" torchrun-style training script, relative to {cwd} or absolute"
         )
     runs_dir = (cwd / str(request.get("runs_dir") or "runs")).resolve()
     resume_from = str(request.get("resume_from") or "")
     checkpoint = find_checkpoint(runs_dir, resume_from) if resume and not problems else ""
     if resume and not problems and not checkpoint:
         problems.append(
-            f"resume=true but {'run ' + resume_from if resume_from else 'no earlier run'} under {runs_dir} has a"
-            " checkpoint: run train.yml without resume first"
+            f"resume=true but {'run ' + resume_from if resume_from else 'no earlier run'} under {runs_dir}"
+            " has a checkpoint: run train.yml without resume first"
             + ("" if resume_from else ", or name a run with -e resume_from=JOB_ID")
         )
     if problems:
@@ -470,8 +478,9 @@ def make_plan(
     if kind == "train" and preflight and inventory.gate_passed != f"{base_id}-preflight":
         raise PlanError(
             [
-                f"preflight={request.get('preflight')} but no health gate ran for job {base_id}: pass it on the command"
-                " line (ansible-playbook train.yml -e preflight=true), not in the inventory; nothing was started"
+                f"preflight={request.get('preflight')} but no health gate ran for job {base_id}: pass it on"
+                " the command line (ansible-playbook train.yml -e preflight=true), not in the inventory;"
+                " nothing was started"
             ]
         )
     nodes = list(inventory.nodes[:count])
@@ -550,8 +559,8 @@ def _record(inventory: Inventory, node: str) -> Any:
         where = f"{inventory.records_dir or RECORDS_DIR}/{node}.json"
         raise PlanError(
             [
-                f"{node}: site.yml has not recorded this node ({where} does not exist): bring the cluster up with"
-                " `ansible-playbook site.yml`, then run train.yml again"
+                f"{node}: site.yml has not recorded this node ({where} does not exist): bring the cluster up"
+                " with `ansible-playbook site.yml`, then run train.yml again"
             ]
         )
     return inventory.records[node]

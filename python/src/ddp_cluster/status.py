@@ -81,8 +81,8 @@ class Status:
     # --- the file ----------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Status:
-        """The status of ``data``; fields this version does not know are ignored (a newer supervisor's), a known
-        field of the wrong type is a StatusError naming it."""
+        """The status of ``data``; fields this version does not know are ignored (a newer supervisor's), a
+        known field of the wrong type is a StatusError naming it."""
         if not isinstance(data, Mapping):
             raise StatusError(f"a status is a mapping of fields, not {type(data).__name__}")
         values: dict[str, Any] = {}

@@ -12,7 +12,8 @@ description:
     whose container is gone still sends its logs back.
   - The logic is ddp_cluster.pack (shipped as module_utils), unit-tested with the package.
   - Everything under I(job_dir) goes in, but the checkpoints under C(output/checkpoints/) other than the
-    newest C(epoch-*.ckpt), files ending in C(.tmp), C(__pycache__) directories, and the archive itself.
+    newest C(epoch-*.ckpt), files ending in C(.tmp), C(__pycache__) directories, C(job.tar.gz) (the files
+    sent), and the archive.
   - The archive is written beside the job directory under a temporary name and renamed over I(archive), so a
     reader never sees half an archive.
   - Check mode lists what would be packed and writes nothing.
