@@ -30,6 +30,8 @@ class ActionModule(ActionBase):
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
+        if self._task.check_mode:  # the plan was checked; nothing starts
+            return {**result, "skipped": True, "msg": "check mode: no job ran, nothing to bring back"}
         plan = self._task.args["plan"]
         lost = boolean(self._task.args.get("lost", False), strict=False)
         node = str((task_vars or {})["inventory_hostname"])

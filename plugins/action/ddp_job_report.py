@@ -32,6 +32,8 @@ class ActionModule(ActionBase):
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
+        if self._task.check_mode:  # the plan was checked; nothing starts
+            return {**result, "skipped": True, "msg": "check mode: no job ran, nothing to report"}
         plan = self._task.args["plan"]
         done = jobreport.report(Path(plan["run_dir"]))
         for warning in done.warnings:

@@ -44,6 +44,8 @@ class ActionModule(ActionBase):
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
+        if self._task.check_mode:  # the plan was checked; nothing starts
+            return {**result, "skipped": True, "msg": "check mode: the job would start here"}
         plan = self._task.args["plan"]
         node = str((task_vars or {})["inventory_hostname"])
         host_dir = plan["host_dirs"][node]
