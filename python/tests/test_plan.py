@@ -150,6 +150,7 @@ def mca(argv: list[str], name: str) -> str:
         ),
         ({"health_factor": "x"}, "ddp_job_health_factor=x must be a whole number"),
         ({"mpirun_args": "--oversubscribe"}, "ddp_job_mpirun_args must be a list"),
+        ({"nproc_per_node": "many"}, "nproc_per_node='many' must be a whole number"),
     ],
 )
 def test_a_bad_request_is_refused_naming_what_the_user_sets(

@@ -487,7 +487,6 @@ def make_plan(
     records = {node: NodeRecord.from_dict(node, _record(inventory, node)) for node in nodes}
     spec_id = base_id + ("-preflight" if kind == "preflight" else "")
     run_dir = runs_dir / base_id / ("preflight" if kind == "preflight" else "")
-    nproc = int(str(request.get("nproc_per_node", 1)))
     networks: list[str] = []
     for record in records.values():
         if record.network not in networks:
@@ -498,7 +497,7 @@ def make_plan(
                 "id": spec_id,
                 "job_dir": f"{records[nodes[0]].container_workspace}/jobs/{spec_id}",
                 "nodes": nodes,
-                "nproc_per_node": nproc,
+                "nproc_per_node": request.get("nproc_per_node", 1),
                 "launcher": request.get("launcher", "mpirun"),
                 "device": request.get("device", "cpu"),
                 "networks": networks,
@@ -519,18 +518,17 @@ def make_plan(
         )
     except job.JobSpecError as error:
         raise PlanError([f"the job cannot be planned: {error}"]) from None
-    rank_table, ping = "", {}
+    rank_table, ping, nproc = "", {}, spec.nproc_per_node
     if inventory.accelerator == "npu":
         visible = {node: str(inventory.visible.get(node) or "") for node in nodes}
-        try:
-            if spec.hccl_init == "rank_table":
-                rank_table = ranktable.dumps(
-                    ranktable.job_rank_table_dict(inventory.npu_plan, nodes, nproc, visible)
-                )
-            if gate:
-                ping = ping_targets(inventory.npu_plan, nodes, nproc, visible)
-        except (ValueError, TypeError) as error:
-            raise PlanError([f"the job's rank table cannot be made: {error}"]) from None
+        if spec.hccl_init == "rank_table":
+            try:
+                table = ranktable.job_rank_table_dict(inventory.npu_plan, nodes, nproc, visible)
+            except (ValueError, TypeError) as error:
+                raise PlanError([f"the job's rank table cannot be made: {error}"]) from None
+            rank_table = ranktable.dumps(table)
+        if gate:
+            ping = ping_targets(inventory.npu_plan, nodes, nproc, visible)
     packed: dict[str, Any] = {}
     project_dir = str((cwd / project).resolve()) if project else ""
     if project and kind != "check":
