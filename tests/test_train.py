@@ -65,7 +65,8 @@ def test_two_nodes_train_digits(local_cluster: PlaybookResult, launcher: str) ->
     # The plan, the progress and the summary; no skipped task.
     assert f"job {job}: {launcher} on node0, node1" in result.stdout
     assert re.search(rf"job {job}: (starting|running) after \d+ s: ", result.stdout), result.stdout
-    assert "skipping" not in result.stdout, result.stdout
+    # (Ansible still says "skipping: no hosts matched" of the gate's play when no gate was asked for.)
+    assert "skipping: [" not in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
