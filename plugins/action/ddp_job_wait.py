@@ -30,6 +30,7 @@ site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
 from ddp_cluster import status as job_status
 from ddp_cluster.atomic import write_atomic
+from ddp_cluster.job import BUNDLE_FILE
 
 display = Display()
 # Seconds past job_timeout before the controller stops a job whose supervisor did not end it; and to wait for
@@ -77,11 +78,14 @@ class ActionModule(ActionBase):
         """Put the job's files on the node and start its supervisor; '' or what went wrong."""
         tmp = self._make_tmp_path()
         try:
-            bundle = f"{tmp}job.tar.gz"
+            bundle = f"{tmp}{BUNDLE_FILE}"
             self._transfer_file(plan["bundle"], bundle)
             where = shlex.quote(host_dir)
-            steps = [f"mkdir -p {where}/output/checkpoints", f"cp {shlex.quote(bundle)} {where}/job.tar.gz"]
-            steps.append(f"tar -xzf {where}/job.tar.gz -C {where}")
+            steps = [
+                f"mkdir -p {where}/output/checkpoints",
+                f"cp {shlex.quote(bundle)} {where}/{BUNDLE_FILE}",
+            ]
+            steps.append(f"tar -xzf {where}/{BUNDLE_FILE} -C {where}")
             if plan.get("resume_checkpoint"):
                 name = Path(plan["resume_checkpoint"]).name
                 self._transfer_file(plan["resume_checkpoint"], f"{tmp}{name}")

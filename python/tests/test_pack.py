@@ -90,3 +90,9 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
     with pytest.raises(PackError, match="could not pack"):
         pack_job(str(job_dir), str(tmp_path / "no-such-dir" / "results.tar.gz"))
     assert sorted(path.name for path in (tmp_path / "jobs").iterdir()) == ["job-1"]
+
+
+def test_the_bundle_left_out_is_the_one_the_plan_ships() -> None:
+    from ddp_cluster import job, pack
+
+    assert pack.BUNDLE == job.BUNDLE_FILE  # pack.py ships alone to the servers, so it spells the name out

@@ -30,6 +30,9 @@ DEVICE_BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 ACCELERATORS = ("cpu", "gpu", "npu")
 HCCL_INITS = ("rank_table", "master_addr")
 JOB_FILE = "job.json"
+# The job's files as the plan ships them (job.json, the script or the project, the rank table), unpacked in
+# every node's job directory.
+BUNDLE_FILE = "job.tar.gz"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 PORTS = re.compile(r"^$|^[0-9]+(-[0-9]+)?$")
 

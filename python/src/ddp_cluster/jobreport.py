@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster import doctor, health, plan, results, status
+from ddp_cluster.report import METRICS_FILE, SUMMARY_FILE
 
-SUMMARY_FILE = "summary.json"
-METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 DOCTOR_WIDTH = 110
 

@@ -24,7 +24,8 @@ import tempfile
 
 CHECKPOINTS = os.path.join("output", "checkpoints")
 CHECKPOINT = "epoch-*.ckpt"
-# The job's files as the controller sent them (the project is kept in runs/<job-id>/workdir.tar.gz already).
+# The job's files as the controller sent them (the project is kept in runs/<job-id>/workdir.tar.gz already):
+# ddp_cluster.job.BUNDLE_FILE, spelled out here because this file ships alone to the servers.
 BUNDLE = "job.tar.gz"
 
 

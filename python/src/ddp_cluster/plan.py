@@ -41,7 +41,7 @@ from ddp_cluster import job, ranktable, workdir
 from ddp_cluster.atomic import write_atomic
 
 PLAN_FILE = "plan.json"
-BUNDLE = "job.tar.gz"
+BUNDLE = job.BUNDLE_FILE
 WORKDIR_ARCHIVE = "workdir.tar.gz"
 RECORDS_DIR = "nodes"  # under the cluster's controller directory: one NODE.json per node
 # The extra var a user types for each of the role's variables (ddp_job_<name>); the others are named in full.

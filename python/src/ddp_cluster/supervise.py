@@ -51,7 +51,7 @@ from ddp_cluster.status import Status
 
 LAUNCHER_LOG = "launcher.log"
 # The job's files, unpacked on every node before the launcher starts (see Supervisor.distribute).
-BUNDLE = "job.tar.gz"
+BUNDLE = jobspec.BUNDLE_FILE
 DISTRIBUTE_TIMEOUT = 300
 STATUS_FILE = status.FILE
 TAIL_LINES = 20
