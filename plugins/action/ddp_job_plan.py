@@ -49,6 +49,8 @@ class ActionModule(ActionBase):
         request = {
             name.removeprefix(PREFIX): self._value(variables, name) for name in options if name in variables
         }
+        if str(request.get("attach") or "").strip():
+            return self._attach(result, str(request["attach"]).strip(), request)
         hostvars = variables.get("hostvars", {})
         nodes = [str(node) for node in variables.get("groups", {}).get("nodes", [])]
         records = Path(str(self._value(variables, "cluster_controller_dir")), planning.RECORDS_DIR)
@@ -77,6 +79,24 @@ class ActionModule(ActionBase):
             "changed": not facts["packed"].get("reused", True),
             "ansible_facts": {"_ddp_job_plan": facts},
         }
+
+    def _attach(self, result: dict[str, Any], job_id: str, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The plan of an earlier run (runs/<id>/plan.json), to follow the job without starting it."""
+        runs = Path(os.getcwd(), str(request.get("runs_dir") or "runs")).resolve()
+        try:
+            facts = planning.load(runs / job_id)
+        except (OSError, ValueError) as error:
+            return {
+                **result,
+                "failed": True,
+                "msg": f"attach={job_id}: this controller has no plan of that job ({runs / job_id}/"
+                f"{planning.PLAN_FILE}: {error}); `ansible-playbook jobs.yml` lists the cluster's jobs",
+            }
+        if facts.get("kind") != "train":
+            return {**result, "failed": True, "msg": f"attach={job_id} is a {facts.get('label')}, not a job"}
+        facts.update(attach=True, detach=False)
+        display.display(f"job {job_id}: following it on {', '.join(facts.get('nodes', []))} (attach)")
+        return {**result, "changed": False, "ansible_facts": {"_ddp_job_plan": facts}}
 
     def _value(self, variables: Mapping[str, Any], name: str) -> Any:
         return self._templar.template(variables.get(name))

@@ -9,6 +9,18 @@ whenever the progress changes. The supervisor enforces job_timeout itself; when 
 (job_timeout + 90 s) passes, it stops the supervisor (which stops every rank) and waits for its last word.
 The last status read is returned and written to runs/<id>/status.json on the controller.
 
+``detach`` (train.yml -e detach=true): return once every rank runs (the status says ``ranks_running``),
+printing the job's id and the commands that follow it, list it and stop it; the job goes on without the
+controller. ``attach`` (the plan of an earlier run, train.yml -e attach=ID): start nothing, follow the job's
+status to its end (a job that already ended is just collected). A restart the supervisor made is printed as it
+happens.
+
+Ctrl-C: the ``ddp_job_interrupt`` callback (in the playbook's own process, where Ansible receives SIGINT)
+leaves a file named after that process (:func:`interrupt_file`); the wait sees it at its next poll, asks the
+supervisor to stop the job on every node (SIGUSR1, with the reason), waits for its last word and returns it,
+so the results are collected and the report says the job was interrupted. A second Ctrl-C is Ansible's own
+(it leaves at once; the supervisor still stops the job it was told to stop).
+
     - ddp_job_wait:
         plan: "{{ _ddp_job_plan }}"
 """
@@ -16,8 +28,10 @@ The last status read is returned and written to runs/<id>/status.json on the con
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import site
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +51,22 @@ display = Display()
 # the supervisor's last word after a stop.
 GRACE = 90
 STOP_WAIT = 90
+# How long detach waits for every rank to run.
+DETACH_WAIT = 120
+
+
+def interrupt_file(playbook_pid: int) -> Path:
+    """The file the ddp_job_interrupt callback leaves when the playbook (process ``playbook_pid``) gets
+    Ctrl-C while a job is waited for."""
+    return Path(tempfile.gettempdir(), f"ddp-cluster-interrupt.{playbook_pid}")
+
+
+def follow_commands(job_id: str) -> list[str]:
+    return [
+        f"  follow it:  ansible-playbook train.yml -e attach={job_id}",
+        "  list jobs:  ansible-playbook jobs.yml",
+        f"  stop it:    ansible-playbook jobs.yml -e stop={job_id}",
+    ]
 
 
 class ActionModule(ActionBase):
@@ -51,21 +81,50 @@ class ActionModule(ActionBase):
         node = str((task_vars or {})["inventory_hostname"])
         host_dir = plan["host_dirs"][node]
         label = f"{plan['label']} {plan['id']}"
-        started = self._start(plan, node, host_dir)
-        if started:
-            return {**result, "failed": True, "msg": f"{label}: could not start on {node}: {started}"}
-        status = self._wait(
-            f"{host_dir}/{job_status.FILE}", float(plan["timeout"]) + GRACE, float(plan["poll"]), label
-        )
-        if status is None or not status.done:
+        status_file = f"{host_dir}/{job_status.FILE}"
+        self._interrupt = interrupt_file(os.getppid())
+        self._interrupt.unlink(missing_ok=True)
+        self._shown_restarts = 0
+        if plan.get("attach"):
+            first = self._read(status_file)
+            if first is None:
+                return {
+                    **result,
+                    "failed": True,
+                    "msg": f"{label}: no status on {node} ({status_file}): the job's first node lost it, or"
+                    " the job never started there; `ansible-playbook jobs.yml` lists the cluster's jobs",
+                }
+            display.display(f"{label}: attached ({first.state}, nodes {', '.join(first.nodes)})")
+        else:
+            started = self._start(plan, node, host_dir)
+            if started:
+                return {**result, "failed": True, "msg": f"{label}: could not start on {node}: {started}"}
+        if plan.get("detach") and not plan.get("attach"):
+            status = self._wait(status_file, DETACH_WAIT, float(plan["poll"]), label, until_running=True)
+            if status is not None and status.ranks_running and not status.done:
+                for line in [f"{label}: detached: every rank runs; the job goes on without this controller"]:
+                    display.display(line)
+                for line in follow_commands(str(plan["id"])):
+                    display.display(line)
+                return {
+                    **result,
+                    "changed": True,
+                    "detached": True,
+                    "state": status.state,
+                    "status": status.to_dict(),
+                }
+        else:
+            status = self._wait(status_file, float(plan["timeout"]) + GRACE, float(plan["poll"]), label)
+        if status is not None and not status.done and self._interrupt.exists():
+            display.display(f"{label}: interrupted (Ctrl-C): stopping it on every node")
+            self._stop(node, plan, "interrupted on the controller (Ctrl-C): stopped on every node")
+            status = self._wait(status_file, STOP_WAIT, 1.0, label, stopping=True) or status
+        elif status is None or not status.done:
             display.display(
                 f"{label}: still running after the {float(plan['timeout']) + GRACE:g} s bound: stopping it"
             )
-            self._low_level_execute_command(
-                f"docker exec {shlex.quote(node)} pkill -TERM -f"
-                f" {shlex.quote(supervisor_pattern(plan['job_dir']))}"
-            )
-            status = self._wait(f"{host_dir}/{job_status.FILE}", STOP_WAIT, 3.0, label) or status
+            self._stop(node, plan, "")
+            status = self._wait(status_file, STOP_WAIT, 3.0, label, stopping=True) or status
         final = status or job_status.Status(state="failed", reason="no status from the supervisor")
         if not final.done:
             final = final.update(state="failed", reason=final.reason or "the supervisor did not end the job")
@@ -73,6 +132,26 @@ class ActionModule(ActionBase):
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / job_status.FILE, final.dumps().encode())
         return {**result, "changed": True, "state": final.state, "status": final.to_dict()}
+
+    def _stop(self, node: str, plan: dict[str, Any], reason: str) -> None:
+        """Ask the job's supervisor to stop every rank (SIGUSR1 with ``reason``; SIGTERM without)."""
+        pattern = shlex.quote(supervisor_pattern(plan["job_dir"]))
+        if reason:
+            say = f"echo {shlex.quote(reason)} > {shlex.quote(plan['job_dir'])}/stop-reason"
+            command = f"{say}; pkill -USR1 -f {pattern}"
+            self._low_level_execute_command(
+                f"docker exec {shlex.quote(node)} /bin/sh -c {shlex.quote(command)}"
+            )
+        else:
+            self._low_level_execute_command(f"docker exec {shlex.quote(node)} pkill -TERM -f {pattern}")
+
+    def _read(self, status_file: str) -> job_status.Status | None:
+        done = self._low_level_execute_command(f"cat {shlex.quote(status_file)} 2>/dev/null")
+        if done["rc"] != 0:
+            return None
+        with contextlib.suppress(job_status.StatusError):  # a partial read: the next poll sees the whole file
+            return job_status.loads(str(done["stdout"]))
+        return None
 
     def _start(self, plan: dict[str, Any], node: str, host_dir: str) -> str:
         """Put the job's files on the node and start its supervisor; '' or what went wrong."""
@@ -105,18 +184,31 @@ class ActionModule(ActionBase):
             ] or f"rc {done['rc']}"
         return ""
 
-    def _wait(self, status_file: str, bound: float, poll: float, label: str) -> job_status.Status | None:
-        """Read status.json until the job is done or ``bound`` seconds passed; print the progress as it
-        changes."""
+    def _wait(
+        self,
+        status_file: str,
+        bound: float,
+        poll: float,
+        label: str,
+        until_running: bool = False,
+        stopping: bool = False,
+    ) -> job_status.Status | None:
+        """Read status.json until the job is done (or, ``until_running``, every rank runs), ``bound``
+        seconds passed or Ctrl-C was pressed (unless already ``stopping``); print the progress and the
+        restarts as they come."""
         deadline = time.monotonic() + bound
         shown = None
         status = None
         while True:
-            done = self._low_level_execute_command(f"cat {shlex.quote(status_file)} 2>/dev/null")
-            if done["rc"] == 0:
-                # a partial read: the next poll sees the whole file
-                with contextlib.suppress(job_status.StatusError):
-                    status = job_status.loads(str(done["stdout"]))
+            status = self._read(status_file) or status
+            if status is not None:
+                for record in status.restarts[self._shown_restarts :]:
+                    display.display(f"{label}: {job_status.describe_restart(record)}")
+                self._shown_restarts = len(status.restarts)
+            if until_running and status is not None and status.ranks_running:
+                return status
+            if not stopping and self._interrupt.exists():
+                return status
             progress = job_status.describe_progress(status.progress if status else None)
             state = status.state if status else "starting"
             elapsed = status.elapsed if status else 0.0

@@ -117,3 +117,79 @@ def test_rng_state_round_trip() -> None:
     torch.manual_seed(9)
     ckpt.restore_rng_state(saved)
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+
+
+def test_names_of_both_kinds_and_their_order() -> None:
+    assert ckpt.checkpoint_name(3) == "epoch-00003.ckpt"
+    assert ckpt.checkpoint_name(3, 150) == "epoch-00003.step-000000150.ckpt"
+    assert ckpt.checkpoint_name(0, 4) == "epoch-00000.step-000000004.ckpt"
+    assert ckpt.checkpoint_order("epoch-00003.ckpt") == (3, 0)
+    assert ckpt.checkpoint_order("epoch-00003.step-000000150.ckpt") == (3, 150)
+    for other in [
+        "epoch-00003.step-.ckpt",
+        "epoch-00003.step-000000150.ckpt.tmp",
+        ".epoch-00003.step-000000150.ckpt.tmp-123",
+        "epoch-00003.step-000000150",
+        "epoch-00003.steps-000000150.ckpt",
+        "epoch-.ckpt",
+        "latest.ckpt",
+    ]:
+        assert ckpt.NAME.match(other) is None and ckpt.checkpoint_order(other) is None, other
+    # The order of training, as plain strings (pack.py) and as (epoch, step) (list_checkpoints) alike.
+    training_order = [(0, 4), (0, 8), (1, 0), (1, 12), (1, 100), (2, 0), (2, 17), (10, 0)]
+    names = [ckpt.checkpoint_name(e, s or None) for e, s in training_order]
+    assert names[:4] == [
+        "epoch-00000.step-000000004.ckpt",
+        "epoch-00000.step-000000008.ckpt",
+        "epoch-00001.ckpt",
+        "epoch-00001.step-000000012.ckpt",
+    ]
+    assert sorted(names) == names
+    assert sorted(names, key=ckpt.checkpoint_order) == names  # type: ignore[arg-type]
+    assert "epoch-00003.ckpt" < "epoch-00003.step-000000150.ckpt" < "epoch-00004.ckpt"
+
+
+def test_list_latest_and_keep_order_mid_epoch_checkpoints_by_epoch_then_step(tmp_path: Path) -> None:
+    for epoch, step in [(1, 12), (2, None), (0, 4), (1, 9), (1, None), (2, 20)]:  # written out of order
+        path = ckpt.save_checkpoint(tmp_path, epoch, sample_state(), keep=10, step=step)
+        assert path.name == ckpt.checkpoint_name(epoch, step)
+    listed = ckpt.list_checkpoints(tmp_path)
+    assert [path.name for _, path in listed] == [
+        "epoch-00000.step-000000004.ckpt",
+        "epoch-00001.ckpt",
+        "epoch-00001.step-000000009.ckpt",
+        "epoch-00001.step-000000012.ckpt",
+        "epoch-00002.ckpt",
+        "epoch-00002.step-000000020.ckpt",
+    ]
+    assert [epoch for epoch, _ in listed] == [0, 1, 1, 1, 2, 2]  # still (epoch, path)
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "epoch-00002.step-000000020.ckpt"
+    # keep counts both kinds, the oldest go first
+    ckpt.save_checkpoint(tmp_path, 3, sample_state(), keep=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "epoch-00002.ckpt",
+        "epoch-00002.step-000000020.ckpt",
+        "epoch-00003.ckpt",
+    ]
+    ckpt.save_checkpoint(tmp_path, 3, sample_state(), keep=3, step=31)
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "epoch-00003.step-000000031.ckpt"
+    assert ckpt.list_checkpoints(tmp_path)[0][1].name == "epoch-00002.step-000000020.ckpt"
+    # by number, not by name, past 9 digits of steps
+    for name in ["epoch-00004.step-1000000000.ckpt", "epoch-00004.step-999999999.ckpt", "epoch-00004.ckpt"]:
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for _, p in ckpt.list_checkpoints(tmp_path)][-3:] == [
+        "epoch-00004.ckpt",
+        "epoch-00004.step-999999999.ckpt",
+        "epoch-00004.step-1000000000.ckpt",
+    ]
+
+
+def test_pack_keeps_the_checkpoint_that_resume_would_load(tmp_path: Path) -> None:
+    from ddp_cluster import pack
+
+    checkpoints = tmp_path / pack.CHECKPOINTS
+    for epoch, step in [(0, 4), (1, None), (1, 12), (2, None), (2, 17)]:
+        ckpt.save_checkpoint(checkpoints, epoch, sample_state(), keep=3, step=step)
+        _, newest = pack.members(str(tmp_path), str(tmp_path / "results.tar.gz"))
+        assert tmp_path / newest == ckpt.latest_checkpoint(checkpoints)
+    assert newest.endswith("epoch-00002.step-000000017.ckpt")

@@ -96,3 +96,38 @@ def test_the_bundle_left_out_is_the_one_the_plan_ships() -> None:
     from ddp_cluster import job, pack
 
     assert pack.BUNDLE == job.BUNDLE_FILE  # pack.py ships alone to the servers, so it spells the name out
+
+
+@pytest.mark.parametrize(
+    ("names", "newest"),
+    [
+        (["epoch-00001.ckpt", "epoch-00001.step-000000012.ckpt", "epoch-00002.ckpt"], "epoch-00002.ckpt"),
+        (
+            ["epoch-00001.ckpt", "epoch-00002.ckpt", "epoch-00002.step-000000020.ckpt"],
+            "epoch-00002.step-000000020.ckpt",
+        ),
+        (
+            ["epoch-00000.step-000000004.ckpt", "epoch-00000.step-000000008.ckpt"],
+            "epoch-00000.step-000000008.ckpt",
+        ),
+        (["epoch-00003.step-000000150.ckpt", "epoch-00003.ckpt"], "epoch-00003.step-000000150.ckpt"),
+    ],
+)
+def test_the_newest_checkpoint_of_either_kind_is_the_one_packed(
+    tmp_path: Path, names: list[str], newest: str
+) -> None:
+    """Mid-epoch checkpoints (train --checkpoint-every) are epoch-NNNNN.step-SSSSSSSSS.ckpt: their names sort
+    between their epoch's checkpoint and the next epoch's, the order of training."""
+    job_dir = tmp_path / "jobs" / "job-3"
+    checkpoints = job_dir / "output" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    for name in names:
+        (checkpoints / name).write_text(name)
+    (checkpoints / f".{newest}.tmp-7").write_text("half")  # a checkpoint being written is not newest
+    (checkpoints / "epoch-00009.step-000000999.ckpt.tmp").write_text("half")
+    archive = job_dir / "results.tar.gz"
+    packed = pack_job(str(job_dir), str(archive))
+    assert packed["checkpoint"] == f"output/checkpoints/{newest}"
+    with tarfile.open(archive) as tar:
+        assert [name for name in tar.getnames() if name.endswith(".ckpt")] == [f"output/checkpoints/{newest}"]
+        assert tar.extractfile(f"output/checkpoints/{newest}").read() == newest.encode()  # type: ignore[union-attr]

@@ -24,7 +24,7 @@ def test_a_status_round_trips_and_names_a_lost_node_as_a_field(tmp_path: Path) -
 
 
 def test_fields_of_a_newer_supervisor_are_ignored_and_a_wrong_type_is_named() -> None:
-    assert Status.from_dict({"state": "running", "restarts": 2}).state == "running"
+    assert Status.from_dict({"state": "running", "attempts_made": 2}).state == "running"
     with pytest.raises(StatusError, match="failed_rank='1' must be int"):
         Status.from_dict({"state": "failed", "failed_rank": "1"})
     with pytest.raises(StatusError, match="state='done' is unknown"):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from ddp_cluster import checkpoint as ckpt
@@ -98,6 +99,100 @@ def test_resume_equals_an_uninterrupted_run(tmp_path: Path, capsys: pytest.Captu
     assert without_timing(records(parts)) == without_timing(records(whole))
 
 
+EVERY_4 = ["--epochs", "2", "--checkpoint-every", "4", "--checkpoint-keep", "10"]  # 8 batches an epoch
+MID_EPOCH = ["epoch-00000.step-000000004.ckpt", "epoch-00001.step-000000012.ckpt"]
+
+
+def test_checkpoint_every_writes_mid_epoch_checkpoints(tmp_path: Path) -> None:
+    assert train(tmp_path / "plain", "--epochs", "2") == 0
+    out = tmp_path / "every"
+    assert train(out, *EVERY_4) == 0
+    # steps 4 and 12 midway; none at steps 8 and 16, last batches of epochs (their own checkpoints cover them)
+    names = [path.name for path in sorted((out / "checkpoints").iterdir())]
+    assert names == [MID_EPOCH[0], "epoch-00001.ckpt", MID_EPOCH[1], "epoch-00002.ckpt"]
+    assert [path.name for _, path in ckpt.list_checkpoints(out / "checkpoints")] == names
+    mid = ckpt.load_checkpoint(out / "checkpoints" / MID_EPOCH[1])
+    assert (mid["epoch"], mid["step"], mid["batch"], mid["world_size"]) == (1, 12, 4, 1)
+    assert mid["metrics"]["kind"] == "epoch" and mid["metrics"]["epoch"] == 1  # the last completed epoch's
+    assert mid["epoch_sums"]["samples"] == 4 * 32 and mid["epoch_sums"]["loss_sum"] > 0
+    assert {"model", "optimizer", "rng", "config"} <= mid.keys()
+    assert ckpt.load_checkpoint(out / "checkpoints" / "epoch-00002.ckpt")["batch"] == 0
+    # checkpoints change neither the training nor its records (step 6's loss, say, still covers steps 4 to 6)
+    assert summary(out)["steps"] == summary(tmp_path / "plain")["steps"] == 16
+    assert summary(out)["params_sha256"] == summary(tmp_path / "plain")["params_sha256"]
+    rows, plain_rows = records(out), records(tmp_path / "plain")
+    assert [(r["kind"], r["step"], r["samples"]) for r in rows] == [
+        (r["kind"], r["step"], r["samples"]) for r in plain_rows
+    ]
+    assert all(abs(r["loss"] - p["loss"]) < 1e-6 for r, p in zip(rows, plain_rows, strict=True))
+    assert summary(out)["checkpoint"] == "checkpoints/epoch-00002.ckpt"
+    # --checkpoint-keep counts the mid-epoch checkpoints too
+    assert train(tmp_path / "kept", *EVERY_4[:-1], "2") == 0
+    assert [p.name for p in sorted((tmp_path / "kept" / "checkpoints").iterdir())] == names[-2:]
+
+
+@pytest.mark.parametrize(
+    ("name", "epoch", "step", "batch"), [(MID_EPOCH[0], 0, 4, 4), (MID_EPOCH[1], 1, 12, 4)]
+)
+def test_resume_from_a_mid_epoch_checkpoint_equals_an_uninterrupted_run(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    epoch: int,
+    step: int,
+    batch: int,
+) -> None:
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    metrics_when_saved: dict[str, str] = {}
+    save = ckpt.save_checkpoint
+
+    def save_and_note_metrics(directory: Path, *args: Any, **kwargs: Any) -> Path:
+        path = save(directory, *args, **kwargs)
+        metrics_when_saved[path.name] = (directory.parent / "metrics.jsonl").read_text()
+        return path
+
+    with monkeypatch.context() as patch:  # (undo() would undo no_launcher's too)
+        patch.setattr(ckpt, "save_checkpoint", save_and_note_metrics)
+        assert train(whole, *EVERY_4) == 0
+    # The step records up to a checkpoint are written before it (step 3's too, logged with --log-every 3
+    # but reported at the next log point otherwise), so a run killed after the checkpoint loses none.
+    logged = [json.loads(line)["step"] for line in metrics_when_saved[name].splitlines()]
+    assert logged[-1] == (3 * (step // 3)) and all(s <= step for s in logged)
+    # A run killed after writing the checkpoint `name`, during the next step's logs: what it left behind.
+    (parts / "checkpoints").mkdir(parents=True)
+    for path in sorted((whole / "checkpoints").iterdir()):
+        (parts / "checkpoints" / path.name).write_bytes(path.read_bytes())
+        if path.name == name:
+            break
+    (parts / "metrics.jsonl").write_text(
+        metrics_when_saved[name]
+        + f'{{"kind": "step", "epoch": {epoch + 1}, "step": {step + 1}, "loss": 9.9}}\n'
+        '{"kind": "st'
+    )
+    capsys.readouterr()
+    assert train(parts, *EVERY_4, "--resume") == 0
+    out = capsys.readouterr().out
+    assert f"resuming from {parts}/checkpoints/{name} (epoch {epoch}, step {step})" in out
+    assert f"epoch {epoch + 1} goes on after its first {batch} batches" in out
+    assert f"epoch {epoch + 1} done: {8 - batch} batches" in out  # the rest of the epoch only
+    resumed, uninterrupted = summary(parts), summary(whole)
+    assert resumed["steps"] == uninterrupted["steps"] == 16 and resumed["epochs"] == 2
+    assert resumed["params_sha256"] == uninterrupted["params_sha256"]
+    assert resumed["resumed_from"] == f"checkpoints/{name}"
+    assert resumed["final_loss"] == uninterrupted["final_loss"]
+    assert resumed["samples"] == (16 - step) * 32  # what this run trained
+    # the same records: the epoch's loss and samples count the batches before the checkpoint
+    assert without_timing(records(parts)) == without_timing(records(whole))
+    # the same RNG states at the end (making the resumed epoch's iterator drew from them once more)
+    last, last_whole = (ckpt.load_checkpoint(d / "checkpoints" / "epoch-00002.ckpt") for d in (parts, whole))
+    assert torch.equal(last["rng"]["torch"], last_whole["rng"]["torch"])
+    assert torch.equal(
+        last["optimizer"]["state"][0]["momentum_buffer"],
+        last_whole["optimizer"]["state"][0]["momentum_buffer"],
+    )
+
+
 def test_resume_without_checkpoint_starts_fresh_and_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -156,6 +251,7 @@ def test_resume_refuses_another_dataset(tmp_path: Path, capsys: pytest.CaptureFi
     [
         (["--epochs", "0"], "--epochs must be at least 1"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every must be at least 0, not -1"),
         (["--lr", "-1"], "--lr and --dist-timeout must be positive"),
         (["--dataset", "imagenet"], "invalid choice: 'imagenet'"),
         (["--backend", "mpi"], "invalid choice: 'mpi'"),
@@ -191,6 +287,8 @@ def test_design_flags_parse(tmp_path: Path) -> None:
         True,
     )
     assert (config.seed, config.backend, config.device, config.output_dir) == (7, "gloo", "cpu", tmp_path)
+    assert config.checkpoint_every == 0  # by default only the epoch-end checkpoints
+    assert parse_args(["--output-dir", str(tmp_path), "--checkpoint-every", "50"]).checkpoint_every == 50
 
 
 class FakeTerminal(io.StringIO):

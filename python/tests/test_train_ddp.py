@@ -2,11 +2,14 @@
 
 (a) every rank ends with bitwise identical parameters; (b) 2 processes x batch B match 1 process x batch 2B
 (the gradients are averaged, not summed); (c) digits reaches test accuracy >= 0.90; (d) a run stopped after
-an epoch and resumed ends exactly where an uninterrupted run ends; a corrupt checkpoint stops every rank.
+an epoch and resumed ends exactly where an uninterrupted run ends; a corrupt checkpoint stops every rank;
+(e) with --checkpoint-every, a run resumed from a mid-epoch checkpoint, on 2 processes or on 1, goes on
+from that step.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -153,3 +156,72 @@ def test_corrupt_checkpoint_stops_every_rank(digits_run: Any, tmp_path: Path, la
         assert rank.returncode == 2, run.explain()
         assert f"checkpoint {latest} is corrupt" in rank.stderr, run.explain()
         assert "resuming" not in rank.stdout
+
+
+def test_e_resume_from_a_mid_epoch_checkpoint_continues_at_its_step(
+    synthetic_whole: Any, tmp_path: Path, launch: Any, no_launcher: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 512 samples, 2 ranks x 16: 16 batches (steps) an epoch
+    out = tmp_path / "every"
+    args = [
+        *SYNTHETIC,
+        "--batch-size",
+        str(PER_RANK_BATCH),
+        "--checkpoint-every",
+        "5",
+        "--checkpoint-keep",
+        "20",
+    ]
+    run = launch([*args, "--epochs", "2"], out, nproc=2)
+    assert run.ok, run.explain()
+    names = [path.name for _, path in ckpt.list_checkpoints(out / "checkpoints")]
+    assert names == [
+        "epoch-00000.step-000000005.ckpt",
+        "epoch-00000.step-000000010.ckpt",
+        "epoch-00000.step-000000015.ckpt",
+        "epoch-00001.ckpt",
+        "epoch-00001.step-000000020.ckpt",
+        "epoch-00001.step-000000025.ckpt",
+        "epoch-00001.step-000000030.ckpt",
+        "epoch-00002.ckpt",
+    ]
+    assert sorted(path.name for path in (out / "checkpoints").iterdir()) == names
+    whole = synthetic_whole.summary()
+    assert run.summary()["params_sha256"] == whole["params_sha256"] and run.summary()["steps"] == 32
+
+    def killed_after(name: str, directory: Path) -> Path:
+        """What a run killed after writing checkpoint ``name`` leaves behind."""
+        shutil.copytree(out, directory)
+        for path in (directory / "checkpoints").iterdir():
+            if ckpt.checkpoint_order(path.name) > ckpt.checkpoint_order(name):  # type: ignore[operator]
+                path.unlink()
+        (directory / "summary.json").unlink()
+        return directory
+
+    name = "epoch-00001.step-000000025.ckpt"  # 1 epoch and 9 batches done
+    saved = ckpt.load_checkpoint(out / "checkpoints" / name)
+    assert (saved["epoch"], saved["step"], saved["batch"], saved["world_size"]) == (1, 25, 9, 2)
+    parts = killed_after(name, tmp_path / "parts")
+    second = launch([*args, "--epochs", "2", "--resume"], parts, nproc=2)
+    assert second.ok, second.explain()
+    for rank in second.ranks:
+        assert f"resuming from {parts}/checkpoints/{name} (epoch 1, step 25)" in rank.stdout
+        assert "epoch 2 done: 7 batches" in rank.stdout
+    assert "epoch 2 goes on after its first 9 batches" in second.ranks[0].stdout
+    digests = [DIGEST.findall(rank.stdout) for rank in second.ranks]
+    assert digests[0] == digests[1] == [whole["params_sha256"]]
+    assert second.summary()["steps"] == whole["steps"] == 32
+    assert abs(second.summary()["final_loss"] - whole["final_loss"]) < 1e-6
+
+    # On 1 process: the 9 batches of 2 x 16 samples done are 18 of its batches of 16; 14 are left.
+    alone = killed_after(name, tmp_path / "alone")
+    capsys.readouterr()
+    assert main([*args, "--epochs", "2", "--resume", "--output-dir", str(alone)]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming from {alone}/checkpoints/{name} (epoch 1, step 25)" in printed
+    assert "was written with world size 2 and batch size 16, this run has 1 and 16" in printed
+    assert "epoch 2 goes on after its first 18 batches" in printed and "epoch 2 done: 14 batches" in printed
+    result = json.loads((alone / "summary.json").read_text())
+    assert result["steps"] == 25 + 14 and result["samples"] == 14 * PER_RANK_BATCH
+    epoch_2 = [json.loads(line) for line in (alone / "metrics.jsonl").read_text().splitlines()][-1]
+    assert (epoch_2["kind"], epoch_2["epoch"], epoch_2["step"], epoch_2["samples"]) == ("epoch", 2, 39, 512)

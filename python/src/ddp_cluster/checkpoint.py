@@ -1,9 +1,15 @@
 """Checkpoints: complete, checksummed, written atomically, the last K kept.
 
-A checkpoint file ``epoch-NNNNN.ckpt`` is a 48-byte header (magic ``DDPCKPT1``, payload length as a
-little-endian uint64, SHA-256 of the payload) followed by the payload, a ``torch.save`` of a dict of plain
-types and tensors (model state, optimizer state, epoch, step, RNG states, config). A truncated or altered
-file fails the length or checksum test and is named in the error; it is never loaded. Loading uses
+Names: ``epoch-NNNNN.ckpt`` at the end of an epoch, N the epochs completed, and
+``epoch-NNNNN.step-SSSSSSSSS.ckpt`` in the middle of one (``--checkpoint-every``), after N completed epochs
+and S optimizer steps in all. Both are zero-padded, so sorting the names as plain strings (as ``pack.py``
+does) and sorting by (epoch, step) give the same order, the order of training: ``epoch-00003.ckpt`` <
+``epoch-00003.step-000000150.ckpt`` < ``epoch-00004.ckpt``. :func:`list_checkpoints` orders by (epoch, step).
+
+A checkpoint file is a 48-byte header (magic ``DDPCKPT1``, payload length as a little-endian uint64, SHA-256
+of the payload) followed by the payload, a ``torch.save`` of a dict of plain types and tensors (model state,
+optimizer state, epoch, step, the batches done of the epoch under way, RNG states, config). A truncated or
+altered file fails the length or checksum test and is named in the error; it is never loaded. Loading uses
 ``weights_only=True`` and ``map_location="cpu"``. Read one yourself with :func:`load_checkpoint`.
 
 Writing: a hidden temporary file in the same folder, fsync, rename over the final name, fsync the folder, so
@@ -29,11 +35,22 @@ from ddp_cluster.errors import CheckpointError
 FORMAT_VERSION = 1
 MAGIC = b"DDPCKPT1"
 HEADER = struct.Struct("<8sQ32s")
-NAME = re.compile(r"^epoch-(\d+)\.ckpt$")
+# epoch-NNNNN.ckpt (group 1: epochs completed) or epoch-NNNNN.step-SSSSSSSSS.ckpt (group 2: global step)
+NAME = re.compile(r"^epoch-(\d+)(?:\.step-(\d+))?\.ckpt$")
 
 
-def checkpoint_name(epoch: int) -> str:
-    return f"epoch-{epoch:05d}.ckpt"
+def checkpoint_name(epoch: int, step: int | None = None) -> str:
+    """``epoch-NNNNN.ckpt`` after ``epoch`` completed epochs; with ``step``, the mid-epoch checkpoint taken
+    at that global step, ``epoch-NNNNN.step-SSSSSSSSS.ckpt``."""
+    if step is None:
+        return f"epoch-{epoch:05d}.ckpt"
+    return f"epoch-{epoch:05d}.step-{step:09d}.ckpt"
+
+
+def checkpoint_order(name: str) -> tuple[int, int] | None:
+    """(epoch, step) of a checkpoint's file name, step 0 for an epoch-end one; None for any other name."""
+    match = NAME.match(name)
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
 
 
 def encode(state: dict[str, Any]) -> bytes:
@@ -85,11 +102,12 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """(epoch, path) of every checkpoint in ``directory``, oldest first; temporary files are ignored."""
+    """(epoch, path) of every checkpoint in ``directory``, oldest first by (epoch, step) (an epoch-end one
+    counts as step 0 of its epoch); temporary files are ignored."""
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := NAME.match(p.name)) and p.is_file()]
-    return sorted(found)
+    found = [(order, p) for p in directory.iterdir() if (order := checkpoint_order(p.name)) and p.is_file()]
+    return [(epoch, path) for (epoch, _), path in sorted(found)]
 
 
 def latest_checkpoint(directory: Path) -> Path | None:
@@ -97,9 +115,12 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return checkpoints[-1][1] if checkpoints else None
 
 
-def save_checkpoint(directory: Path, epoch: int, state: dict[str, Any], keep: int) -> Path:
-    """Write the checkpoint of ``epoch`` and delete all but the newest ``keep``; returns its path."""
-    path = directory / checkpoint_name(epoch)
+def save_checkpoint(
+    directory: Path, epoch: int, state: dict[str, Any], keep: int, step: int | None = None
+) -> Path:
+    """Write the checkpoint of ``epoch`` (with ``step``: the mid-epoch one at that global step) and delete all
+    but the newest ``keep``, mid-epoch ones included; returns its path."""
+    path = directory / checkpoint_name(epoch, step)
     write_atomic(path, encode({"format_version": FORMAT_VERSION, **state}))
     for _, old in list_checkpoints(directory)[:-keep]:
         old.unlink(missing_ok=True)

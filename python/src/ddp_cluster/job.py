@@ -65,6 +65,14 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     mpirun_args: tuple[str, ...] = ()
     poll: float = 0.5
+    # Recovery (the supervisor's, on the cluster): restarts after a curable failure, the fewest nodes to go on
+    # with, the inventory's nodes beyond the job's to take one from, and what an npu rank table is made from.
+    max_restarts: int = 0
+    min_nodes: int = 0  # 0: every node of the job (a lost node must be replaced by a spare)
+    spares: tuple[str, ...] = ()
+    recovery: Mapping[str, Any] = field(default_factory=dict)  # npu: {"npu_plan": ..., "visible": {...}}
+    restart: int = 0  # this attempt's number (0: the first start), set by the supervisor
+    resume_from: str = ""  # the checkpoint this attempt resumes from, in the job's directory
 
     # --- checking ----------------------------------------------------------------------------------------
     @classmethod
@@ -101,6 +109,12 @@ class JobSpec:
             env=_env(data),
             mpirun_args=_texts(data, "mpirun_args", allow_empty=True),
             poll=_number(data, "poll", float, minimum=0, exclusive=True, default=0.5),
+            max_restarts=_number(data, "max_restarts", int, minimum=0, default=0),
+            min_nodes=_number(data, "min_nodes", int, minimum=0, default=0),
+            spares=_texts(data, "spares", allow_empty=True),
+            recovery=_mapping(data, "recovery"),
+            restart=_number(data, "restart", int, minimum=0, default=0),
+            resume_from=_text(data, "resume_from", ""),
         )
         spec.check()
         return spec
@@ -133,6 +147,13 @@ class JobSpec:
             )
         if self.workdir and not self.script:
             raise JobSpecError("workdir is set but script is empty: name the script inside the project")
+        if self.min_nodes > len(self.nodes):
+            raise JobSpecError(
+                f"min_nodes={self.min_nodes} is more than the job's {len(self.nodes)} node(s): a job goes on"
+                " with fewer nodes, never more"
+            )
+        if overlap := sorted(set(self.spares) & set(self.nodes)):
+            raise JobSpecError(f"spares={list(self.spares)} names the job's own node(s) {', '.join(overlap)}")
 
     # --- what it implies ---------------------------------------------------------------------------------
     @property
@@ -173,6 +194,11 @@ class JobSpec:
             "DDP_DEVICE": self.device,
             "DDP_BACKEND": DEVICE_BACKEND[self.device],
             "DDP_LAUNCHER": self.launcher,
+            # How many times the supervisor restarted the job (0 at the first start), and the checkpoint it
+            # resumes from (empty: none); a user's script reads them to resume.
+            "DDP_RESTART_COUNT": str(self.restart),
+            "DDP_MAX_RESTARTS": str(self.max_restarts),
+            "DDP_RESUME_FROM": self.resume_from,
         }
         if self.accelerator == "npu":
             # CANN's and HCCL's logs (plog, device logs) go into the job directory, so they come back with the
@@ -235,6 +261,7 @@ class JobSpec:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["env"] = dict(self.env)
+        data["recovery"] = dict(self.recovery)
         return data
 
     def dumps(self) -> str:
@@ -306,6 +333,13 @@ def _flag(data: Mapping[str, Any], name: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0", ""):
         return value.lower() in ("true", "yes", "1")
     raise JobSpecError(f"{name}={value!r} must be true or false")
+
+
+def _mapping(data: Mapping[str, Any], name: str) -> dict[str, Any]:
+    value = data.get(name) or {}
+    if not isinstance(value, Mapping):
+        raise JobSpecError(f"{name}={value!r} must be a mapping")
+    return dict(value)
 
 
 def _env(data: Mapping[str, Any]) -> dict[str, str]:

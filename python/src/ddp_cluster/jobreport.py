@@ -31,6 +31,8 @@ from ddp_cluster import doctor, health, plan, results, status
 from ddp_cluster.report import METRICS_FILE, SUMMARY_FILE
 
 PLOT_FILE = "loss.png"
+# A stop asked with jobs.yml -e stop=ID is not the job's failure (Ctrl-C in train.yml is: it exits non-zero).
+STOPPED_BY_JOBS = "stopped with jobs.yml"
 DOCTOR_WIDTH = 110
 
 
@@ -95,6 +97,13 @@ def _failure_lines(label: str, run_dir: Path, found: status.Status | None) -> li
     else:
         exit_line = "no exit status"
     leftover = json.dumps(dict(found.leftover)) if found.leftover else "none"
+    if found.interrupted:  # stopped from the controller: no cause to look for
+        progress = status.describe_progress(found.progress)
+        return [
+            f"{label}: {found.interrupted}",
+            f"where it was: {progress}; ranks left running after the stop: {leftover}",
+            f"all logs: {run_dir}",
+        ]
     rank = found.failed_rank if found.failed_rank is not None else "unknown"
     lines = [
         f"{label} failed: {found.reason or 'no status from the supervisor'}",
@@ -123,6 +132,9 @@ def report(run_dir: Path) -> Report:
         return out
     kind, label = str(planned.get("kind", "train")), f"{planned.get('label', 'job')} {planned.get('id', '?')}"
     nodes = [str(node) for node in planned.get("nodes", [])]
+    # a restart may have taken a spare: its results came back too
+    came = sorted(path.name.removesuffix(".tar.gz") for path in (run_dir / ".incoming").glob("*.tar.gz"))
+    nodes += [node for node in came if node not in nodes]
     if (run_dir / ".incoming").is_dir():
         try:
             torchrun = (
@@ -139,6 +151,11 @@ def report(run_dir: Path) -> Report:
             )
     found = status.read(run_dir / status.FILE)
     succeeded = found is not None and found.succeeded
+    restarts = [status.describe_restart(record) for record in (found.restarts if found else ())]
+    if restarts:
+        most = found.max_restarts if found else 0
+        out.lines += [f"{label}: {len(restarts)} restart(s) of max_restarts={most}:"]
+        out.lines += [f"  {line}" for line in restarts]
     if kind == "train":
         _plot(run_dir, out, wanted=succeeded)
         if succeeded:
@@ -149,9 +166,10 @@ def report(run_dir: Path) -> Report:
                 if planned.get("preflight")
                 else "health gate: not run (-e preflight=true runs it first)"
             )
+            last = list(found.nodes) if found and found.nodes else nodes
             out.lines += [
                 f"{label}: succeeded in {found.elapsed if found else '?'} s",
-                f"nodes: {', '.join(nodes)}; ranks: {planned['spec']['nproc_per_node'] * len(nodes)}"
+                f"nodes: {', '.join(last)}; ranks: {planned['spec']['nproc_per_node'] * len(last)}"
                 f" ({planned['spec']['launcher']})",
                 f"final loss: {_figure(summary, 'final_loss', '%.4g')};"
                 f" accuracy: {_figure(summary, 'accuracy', '%.4f')}",
@@ -165,6 +183,12 @@ def report(run_dir: Path) -> Report:
     elif succeeded:
         return _gate(run_dir, label, kind, out)
     out.lines += _failure_lines(label, run_dir, found)
+    if found is not None and found.interrupted.startswith(STOPPED_BY_JOBS):
+        out.lines.append(f"{label}: stopped as asked ({found.interrupted}); what there was: {run_dir}")
+        return out
+    if found is not None and found.interrupted:
+        out.failure = f"{label}: {found.interrupted}; what there was is in {run_dir}"
+        return out
     out.failure = (
         f"{label} failed: {found.reason if found and found.reason else 'no status from the supervisor'}"
         f" (node {found.failed_node if found and found.failed_node else 'unknown'});"

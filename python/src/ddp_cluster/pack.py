@@ -7,9 +7,10 @@ and for the package. It runs on the server, not in the node container, so a node
 the job still sends its logs back.
 
 - :func:`members`: everything under the job directory, parents before children, but the checkpoints under
-  ``output/checkpoints/`` other than the newest ``epoch-*.ckpt``, files ending in ``.tmp``, ``__pycache__``
-  directories, the job's files as sent (``job.tar.gz``) and the archive itself; a link (to a dataset's
-  directory, say) goes in as the link;
+  ``output/checkpoints/`` other than the newest ``epoch-*.ckpt`` (an epoch's ``epoch-NNNNN.ckpt`` or a
+  mid-epoch ``epoch-NNNNN.step-SSSSSSSSS.ckpt``: the newest by name is the newest in training order), files
+  ending in ``.tmp``, ``__pycache__`` directories, the job's files as sent (``job.tar.gz``) and the archive
+  itself; a link (to a dataset's directory, say) goes in as the link;
 - :func:`pack`: those paths into a gzipped tar, written under a temporary name beside the job directory and
   renamed over the archive, so a reader never sees half an archive;
 - :func:`pack_job`: both, or in check mode only the count.
@@ -23,6 +24,9 @@ import tarfile
 import tempfile
 
 CHECKPOINTS = os.path.join("output", "checkpoints")
+# Both names of ddp_cluster.checkpoint, epoch-NNNNN.ckpt and epoch-NNNNN.step-SSSSSSSSS.ckpt, zero-padded so
+# that they sort by name in training order:
+# epoch-00003.ckpt < epoch-00003.step-000000150.ckpt < epoch-00004.ckpt.
 CHECKPOINT = "epoch-*.ckpt"
 # The job's files as the controller sent them (the project is kept in runs/<job-id>/workdir.tar.gz already):
 # ddp_cluster.job.BUNDLE_FILE, spelled out here because this file ships alone to the servers.

@@ -23,6 +23,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import ipaddress
 import json
@@ -61,6 +62,11 @@ USER_NAMES = {
     "nproc_per_node": "cluster_nproc_per_node",
     "master_port": "cluster_master_port",
     "launcher_ports": "cluster_launcher_ports",
+    "max_restarts": "max_restarts",
+    "min_nodes": "min_nodes",
+    "detach": "detach",
+    "attach": "attach",
+    "wait_for_nodes": "wait",
 }
 PREFIX = "ddp_job_"
 FLAGS = ("true", "false", "yes", "no", "1", "0")
@@ -202,6 +208,8 @@ class Plan:
     packed: Mapping[str, Any] = field(default_factory=dict)  # the project's packing: files, bytes, reused
     preflight: bool = False  # a job that a health gate passed first, in this run
     collect_timeout: int = 10
+    detach: bool = False  # train.yml returns once every rank runs (the job goes on without it)
+    wait_for_nodes: bool = False  # nodes busy with another job are waited for (within job_timeout)
 
     @property
     def label(self) -> str:
@@ -245,6 +253,13 @@ class Plan:
         if self.resume_checkpoint:
             line += f", resuming from {self.resume_checkpoint}"
         lines = [line]
+        if spec.max_restarts:
+            fewer = f"down to min_nodes={spec.min_nodes}" if spec.min_nodes else "never with fewer nodes"
+            spares = ", ".join(spec.spares) or "none in the inventory"
+            lines.append(
+                f"{self.label} {spec.id}: restarts up to {spec.max_restarts} time(s) when a node is lost or a"
+                f" rank killed, from the newest checkpoint; spares: {spares}; {fewer}"
+            )
         if any(self.bindings.values()):
             bound = "; ".join(f"{node} {self.bindings.get(node) or '(unbound)'}" for node in spec.nodes)
             lines.append(
@@ -256,12 +271,13 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         """The plan as the playbook keeps it (a fact) and as runs/<id>/plan.json holds it."""
         data = asdict(self)
-        data["spec"] = self.spec.to_dict()
+        data["spec"] = json.loads(self.spec.dumps())  # lists, as plan.json has them
         data.update(
             id=self.spec.id,
             kind=self.spec.kind,
             label=self.label,
             nodes=list(self.spec.nodes),
+            spares=list(self.spec.spares),
             first=self.first,
             job_dir=self.spec.job_dir,
             bundle=self.bundle,
@@ -340,7 +356,7 @@ def find_checkpoint(runs_dir: Path, resume_from: str) -> str:
     found = [
         path
         for path in runs_dir.glob("**/checkpoints/epoch-*.ckpt")
-        if re.fullmatch(r"epoch-[0-9]+[.]ckpt", path.name)
+        if re.fullmatch(r"epoch-[0-9]+([.]step-[0-9]+)?[.]ckpt", path.name)
         and (not resume_from or path.parent.parent.name == resume_from)
     ]
     return str(max(found, key=lambda path: path.stat().st_mtime)) if found else ""
@@ -438,11 +454,22 @@ def make_plan(
         )
     timeout, problem = _whole(request.get("timeout", ""), "timeout")
     problems += [problem] if problem and not gate else []
+    max_restarts, problem = _whole(request.get("max_restarts", 0), "max_restarts", minimum=0)
+    problems += [f"{problem} (0: no restart)"] if problem else []
+    min_nodes, problem = _whole(request.get("min_nodes", 0), "min_nodes", minimum=0)
+    problems += [f"{problem} (0: every node of the job)"] if problem else []
+    if count and min_nodes and min_nodes > count:
+        problems.append(
+            f"min_nodes={min_nodes} is more than nodes={count}: a job that lost a node goes on with fewer,"
+            " never more; ask for min_nodes of at most nodes"
+        )
     job_id = request.get("id") or ""
     if job_id and not job.NAME.match(str(job_id)):
         problems.append(f"job_id={job_id} may hold only letters, digits, _ . and -")
     resume = _flag(request.get("resume", False), "resume", problems)
     preflight = _flag(request.get("preflight", False), "preflight", problems)
+    detach = _flag(request.get("detach", False), "detach", problems)
+    wait_for_nodes = _flag(request.get("wait_for_nodes", False), "wait_for_nodes", problems)
     gate_args, gate_problems = health_args(request)
     problems += gate_problems
     script = str(request.get("script") or "")
@@ -485,6 +512,12 @@ def make_plan(
         )
     nodes = list(inventory.nodes[:count])
     records = {node: NodeRecord.from_dict(node, _record(inventory, node)) for node in nodes}
+    # The spares a restart may take: the inventory's nodes beyond the job's that site.yml recorded.
+    spares = [
+        node for node in inventory.nodes[count:] if node in inventory.records and not gate and max_restarts
+    ]
+    for node in spares:
+        records[node] = NodeRecord.from_dict(node, inventory.records[node])
     spec_id = base_id + ("-preflight" if kind == "preflight" else "")
     run_dir = runs_dir / base_id / ("preflight" if kind == "preflight" else "")
     networks: list[str] = []
@@ -514,6 +547,15 @@ def make_plan(
                 "env": request.get("env") or {},
                 "mpirun_args": list(request.get("mpirun_args") or []),
                 "poll": request.get("poll", 0.5),
+                "max_restarts": 0 if gate else max_restarts,
+                "min_nodes": 0 if gate else min_nodes,
+                "spares": spares,
+                "resume_from": (
+                    f"{records[nodes[0]].container_workspace}/jobs/{spec_id}/output/checkpoints/"
+                    f"{Path(checkpoint).name}"
+                    if checkpoint and not gate
+                    else ""
+                ),
             }
         )
     except job.JobSpecError as error:
@@ -527,6 +569,11 @@ def make_plan(
             except (ValueError, TypeError) as error:
                 raise PlanError([f"the job's rank table cannot be made: {error}"]) from None
             rank_table = ranktable.dumps(table)
+            if spares:  # a restart makes the table of its nodes on the cluster
+                visible.update({node: str(inventory.visible.get(node) or "") for node in spares})
+                spec = dataclasses.replace(
+                    spec, recovery={"npu_plan": dict(inventory.npu_plan), "visible": visible}
+                )
         if gate:
             ping = ping_targets(inventory.npu_plan, nodes, nproc, visible)
     packed: dict[str, Any] = {}
@@ -539,7 +586,7 @@ def make_plan(
         spec=spec,
         base_id=base_id,
         run_dir=str(run_dir).rstrip("/"),
-        host_dirs={node: f"{records[node].workspace}/jobs/{spec_id}" for node in nodes},
+        host_dirs={node: f"{records[node].workspace}/jobs/{spec_id}" for node in [*nodes, *spares]},
         script="" if gate or project else str(script_path or ""),
         workdir="" if gate else project_dir,
         resume_checkpoint="" if gate else checkpoint,
@@ -549,6 +596,8 @@ def make_plan(
         packed=packed,
         preflight=kind == "train" and preflight,
         collect_timeout=int(str(request.get("collect_timeout", 10))),
+        detach=detach and not gate,
+        wait_for_nodes=wait_for_nodes,
     )
 
 

@@ -33,7 +33,11 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "signal": (int,),
     "signal_name": (str,),
     "log_file": (str,),
+    "ranks_running": (bool,),
+    "max_restarts": (int,),
+    "interrupted": (str,),
 }
+LISTS = ("nodes", "launcher", "lost_nodes", "log_tail", "launcher_tail", "ran_on")
 
 
 class StatusError(ValueError):
@@ -65,6 +69,14 @@ class Status:
     leftover: Mapping[str, str] = field(
         default_factory=dict
     )  # node -> the job's processes still there after the stop
+    ranks_running: bool = False  # every node runs its ranks (this attempt); what detach waits for
+    ran_on: tuple[str, ...] = ()  # every node that ran the job, in any attempt (results come from each)
+    max_restarts: int = 0
+    # One record per restart (see ddp_cluster.supervise.Supervisor.recover): restart, cause, lost,
+    # nodes_before, nodes_after, spares_taken, lost_at, restarted_at, training_again_s, checkpoint,
+    # resume_step, last_step, steps_redone.
+    restarts: tuple[Mapping[str, Any], ...] = ()
+    interrupted: str = ""  # who stopped the job from the controller (Ctrl-C, jobs.yml -e stop=ID), if any
 
     @property
     def done(self) -> bool:
@@ -90,11 +102,12 @@ class Status:
             if name not in data or data[name] is None:
                 continue
             value = data[name]
-            if name in _KINDS and (isinstance(value, bool) or not isinstance(value, _KINDS[name])):
+            wrong_bool = isinstance(value, bool) and bool not in _KINDS.get(name, ())
+            if name in _KINDS and (wrong_bool or not isinstance(value, _KINDS[name])):
                 raise StatusError(
                     f"{name}={value!r} must be {' or '.join(kind.__name__ for kind in _KINDS[name])}"
                 )
-            if name in ("nodes", "launcher", "lost_nodes", "log_tail", "launcher_tail"):
+            if name in LISTS:
                 if isinstance(value, str) or not isinstance(value, list | tuple):
                     raise StatusError(f"{name}={value!r} must be a list of strings")
                 value = tuple(str(item) for item in value)
@@ -102,6 +115,10 @@ class Status:
                 if not isinstance(value, Mapping):
                     raise StatusError(f"leftover={value!r} must map nodes to text")
                 value = {str(node): str(text) for node, text in value.items()}
+            elif name == "restarts":
+                if isinstance(value, str) or not isinstance(value, list | tuple):
+                    raise StatusError(f"restarts={value!r} must be a list of records")
+                value = tuple(dict(item) for item in value if isinstance(item, Mapping))
             values[name] = value
         status = cls(**values)
         if status.state not in STATES:
@@ -111,12 +128,35 @@ class Status:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["leftover"] = dict(self.leftover)
-        for name in ("nodes", "launcher", "lost_nodes", "log_tail", "launcher_tail"):
+        for name in LISTS:
             data[name] = list(data[name])
+        data["restarts"] = [dict(item) for item in self.restarts]
         return data
+
+    @property
+    def started(self) -> float:
+        """When the supervisor started (epoch seconds)."""
+        return self.updated - self.elapsed if self.updated else 0.0
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
+
+def describe_restart(record: Mapping[str, Any]) -> str:
+    """One line of a restart record, as the wait, the report and jobs.yml print it."""
+    lost = ", ".join(record.get("lost") or []) or "no node"
+    after = ", ".join(record.get("nodes_after") or [])
+    spares = record.get("spares_taken") or []
+    line = f"restart {record.get('restart')}: {record.get('cause')}; lost {lost}; on {after}" + (
+        f" (spare {', '.join(spares)} taken)" if spares else ""
+    )
+    if record.get("checkpoint"):
+        line += f", resumed from {record['checkpoint']} (step {record.get('resume_step')})"
+    if record.get("steps_redone") is not None:
+        line += f", {record['steps_redone']} step(s) redone"
+    if record.get("training_again_s") is not None:
+        line += f", training again {record['training_again_s']:.1f} s after the loss"
+    return line
 
 
 def loads(text: str) -> Status:

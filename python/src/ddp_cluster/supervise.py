@@ -25,6 +25,7 @@ No torch here: the supervisor runs beside the job, in the image's Python.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -33,16 +34,17 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ddp_cluster import doctor, ranktable, status
 from ddp_cluster import job as jobspec
-from ddp_cluster import status
 from ddp_cluster.atomic import write_atomic
 from ddp_cluster.job import JobSpec
 from ddp_cluster.liveness import FANOUT, Watch, probe_verdict
@@ -59,6 +61,12 @@ TAIL_LINES = 20
 MPI_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(-?\d+)")
 MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 TORCHRUN_ROOT = re.compile(r"host\s*:\s*(\S+)\s*\n\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+# The doctor's verdicts that a restart can cure (a peer vanished, a collective or the store timed out): not a
+# Python error in the user's code, not the job's own time bound, not a stop.
+RESTARTABLE = ("node-down", "store-timeout", "nccl-timeout", "hccl-timeout", "gloo-connection")
+# Where a restarted job's earlier attempts keep their logs (JOB/attempts/<n>/), on every node.
+ATTEMPTS = "attempts"
+CHECKPOINT = re.compile(r"^epoch-(\d+)(?:[.]step-(\d+))?[.]ckpt$")
 
 
 @dataclass
@@ -69,6 +77,8 @@ class Failure:
     exit_code: int | None = None
     signal: int | None = None
     lost: tuple[str, ...] = ()  # the nodes that stopped answering
+    at: float = field(default_factory=time.time)  # when the supervisor found it
+    restartable: bool = True  # False: the time bound or a stop (never restarted)
 
 
 def launcher_failure(text: str, spec: JobSpec, returncode: int) -> Failure:
@@ -136,7 +146,13 @@ class Supervisor:
         self.tag = self.tag or str(self.job_dir).rstrip("/") + "/"
         self.me = socket.gethostname()
         self.nodes = list(self.spec.nodes)
+        self.wanted = len(self.nodes)  # a restart fills the job up to this many nodes from the spares
         self.status = StatusFile(self.job_dir / STATUS_FILE, self.started)
+        self.restarts: list[dict[str, Any]] = []
+        self.stop_reason = "the job was stopped (the supervisor received a signal)"
+        self.interrupted = ""  # the reason of a stop asked from the controller
+        self._progress_at_restart: Any = None
+        self._next_ranks_check = 0.0
 
     # --- logs and progress ------------------------------------------------------------------------------
     def rank_log(self, process: int) -> Path:
@@ -195,6 +211,8 @@ class Supervisor:
         others = [node for node in self.nodes if node != self.me]
         while True:
             returncode = process.poll()
+            if self._stop.is_set():  # before the launcher's end: a stop kills ranks on other nodes too
+                return Failure(self.stop_reason, restartable=False)
             if returncode is not None:
                 if returncode == 0:
                     return None
@@ -208,10 +226,10 @@ class Supervisor:
                         lost=tuple(lost),
                     )
                 return failure
-            if self._stop.is_set():
-                return Failure("the job was stopped (the supervisor received a signal)")
             if time.time() - self.started > self.spec.timeout:
-                return Failure(f"the job did not finish within job_timeout={self.spec.timeout:g} s")
+                return Failure(
+                    f"the job did not finish within job_timeout={self.spec.timeout:g} s", restartable=False
+                )
             if lost := tree.lost():
                 return Failure(
                     f"node {lost[0]} stopped answering ssh (its container or server is down)",
@@ -219,47 +237,250 @@ class Supervisor:
                     lost=tuple(lost),
                 )
             self.status.write(progress=self.progress())
+            self.note_training_again()
+            if not self.status.status.ranks_running and time.time() >= self._next_ranks_check:
+                self._next_ranks_check = time.time() + 1.0
+                if self.ranks_running(pool):
+                    self.status.write(ranks_running=True)
             time.sleep(self.spec.poll)
 
     def run(self) -> int:
         for folder in (self.job_dir, self.job_dir / "output", self.job_dir / "logs"):
             folder.mkdir(parents=True, exist_ok=True)
-        self.status.write(state="running", pid=os.getpid(), nodes=self.nodes, launcher=self.launcher)
-        with ThreadPoolExecutor(max_workers=min(16, max(1, len(self.nodes)))) as pool:
-            failure = self.distribute(pool)
+        self.status.write(
+            state="running",
+            pid=os.getpid(),
+            nodes=self.nodes,
+            launcher=self.launcher,
+            ran_on=self.nodes,
+            max_restarts=self.spec.max_restarts,
+        )
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(self.nodes) + len(self.spec.spares)))) as pool:
+            bundle = self.job_dir / BUNDLE
+            others = [node for node in self.nodes if node != self.me]
+            failure = self.distribute(pool, others, bundle.read_bytes() if bundle.is_file() else b"")
             if failure is not None:
                 self.report(failure, None, {})
                 return 1
-            with open(self.job_dir / LAUNCHER_LOG, "ab") as log:
-                process = subprocess.Popen(
-                    self.launcher,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.job_dir,
-                    start_new_session=True,
-                )
-            tree = self.tree()
-            try:
-                failure = self.watch(process, pool, tree)
-                if failure is None:
+            while True:
+                process = self.launch()
+                tree = self.tree()
+                try:
+                    failure = self.watch(process, pool, tree)
+                    if failure is None:
+                        tree.stop()
+                        self.status.write(state="succeeded", rc=0, progress=self.progress())
+                        self.record_restarts_in_summary()
+                        return 0
+                    self.stop_everything(process, pool)  # the ranks first, then the watch
+                finally:
                     tree.stop()
-                    self.status.write(state="succeeded", rc=0, progress=self.progress())
-                    return 0
-                self.stop_everything(process, pool)  # the ranks first, then the watch
-                tree.stop()
-                self.report(failure, process.returncode, self.leftover(pool))
-                return 1
-            finally:
-                tree.stop()
+                if not self.recover(failure, pool):
+                    self.report(failure, process.returncode, self.leftover(pool))
+                    return 1
 
-    def distribute(self, pool: ThreadPoolExecutor) -> Failure | None:
-        """Unpack the job's files (JOB/job.tar.gz: job.json, the script or the project, the rank table) into
-        the job's directory on every other node, over the mesh's ssh, all at once; the failure naming the
-        first node that did not take them. The playbook puts them on this node only, after every node's
-        check passed, so that a refused job leaves nothing behind."""
-        bundle = self.job_dir / BUNDLE
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start the launcher (this attempt's), its output appended to JOB/launcher.log."""
+        self._next_ranks_check = 0.0
+        with open(self.job_dir / LAUNCHER_LOG, "ab") as log:
+            return subprocess.Popen(
+                self.launcher, stdout=log, stderr=subprocess.STDOUT, cwd=self.job_dir, start_new_session=True
+            )
+
+    def ranks_running(self, pool: ThreadPoolExecutor) -> bool:
+        """Whether every node runs its processes of the job (ranks, or torchrun's agent); here, mpirun too."""
+        count = f"pgrep -c -f -- '{self.pattern()}' || true"
+        found = pool.map(lambda node: self.on_node(node, count), self.nodes)
+        for node, text in zip(self.nodes, found, strict=True):
+            want = self.spec.processes_per_node + (1 if node == self.me else 0)
+            if not text.strip().isdigit() or int(text.strip()) < want:
+                return False
+        return True
+
+    # --- recovering -------------------------------------------------------------------------------------
+    def restart_cause(self, failure: Failure) -> str | None:
+        """Why a restart could cure ``failure`` (a node gone, a rank killed, a collective or the store timed
+        out: the doctor's verdict on this attempt's logs), or None (the user's code failed, the time bound,
+        a stop)."""
+        if not failure.restartable:
+            return None
+        if failure.lost:
+            return f"node {', '.join(failure.lost)} stopped answering"
+        if failure.signal is not None:
+            where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None else failure.node
+            return f"{where or 'a rank'} was killed by {signal_name(failure.signal)}"
+        found: dict[str, doctor.Finding] = {}
+        doctor.match_lines(LAUNCHER_LOG, read_text(self.job_dir / LAUNCHER_LOG).splitlines(), found)
+        for log in sorted((self.job_dir / "logs").rglob("*")):
+            if log.is_file():
+                doctor.match_lines(str(log), read_text(log, limit=256 * 1024).splitlines(), found)
+        ranked = sorted(found.values(), key=lambda item: -item.signature.weight)
+        if ranked and ranked[0].signature.id in RESTARTABLE:
+            return ranked[0].cause
+        return None
+
+    def recover(self, failure: Failure, pool: ThreadPoolExecutor) -> bool:
+        """After a failure, restart the job if it may be (max_restarts, the cause, enough nodes): on the nodes
+        that still answer, a free spare in place of each lost node (else fewer, down to min_nodes), from the
+        newest checkpoint; the restart is recorded in the status. False (the reason says why) when it is not
+        restarted. Everything here runs on the cluster: no controller is needed."""
+        spec, done = self.spec, len(self.restarts)
+        cause = self.restart_cause(failure)
+        lost_before = [item for record in self.restarts for item in record.get("lost", [])]
+        if cause is None or not spec.max_restarts:
+            if spec.max_restarts and failure.restartable:
+                failure.reason += "; not restarted: a restart does not cure this (the job's own error)"
+            return False
+        if done >= spec.max_restarts:
+            failure.reason += (
+                f"; not restarted again: max_restarts={spec.max_restarts} reached"
+                f" (lost before: {', '.join(lost_before) or 'none'})"
+            )
+            return False
         others = [node for node in self.nodes if node != self.me]
-        if not bundle.is_file() or not others:
+        down = set(failure.lost) | set(down_now(others, self.probe, pool))
+        healthy = [node for node in self.nodes if node not in down]
+        if leftover := self.leftover(pool, healthy):
+            failure.reason += (
+                f"; not restarted: processes of the job outlived the stop on {', '.join(leftover)}"
+            )
+            return False
+        taken: list[str] = []
+        for node in spec.spares:
+            if len(healthy) + len(taken) >= self.wanted:
+                break
+            if node not in self.nodes and node not in lost_before and self.spare_free(node):
+                taken.append(node)
+        nodes = healthy + taken
+        fewest = spec.min_nodes or self.wanted
+        if len(nodes) < fewest:
+            failure.reason += (
+                f"; not restarted: {len(nodes)} node(s) left ({', '.join(nodes)}), fewer than"
+                f" min_nodes={fewest}, and no spare up and free"
+                + (f" among {', '.join(spec.spares)}" if spec.spares else " (the inventory has none)")
+            )
+            return False
+        number = done + 1
+        last_step = _step(self.progress())
+        self.archive_attempt(number - 1, [node for node in self.nodes if node not in down], pool)
+        checkpoint, resume_step = newest_checkpoint(self.job_dir / "output")
+        resume_from = f"{spec.job_dir}/output/checkpoints/{checkpoint}" if checkpoint else ""
+        self.spec = replace(
+            spec,
+            nodes=tuple(nodes),
+            spares=tuple(node for node in spec.spares if node not in nodes),
+            restart=number,
+            resume=spec.kind == "train" and not spec.script,
+            resume_from=resume_from,
+        )
+        self.nodes = list(nodes)
+        self.launcher = self.spec.launch_argv()
+        update = self.write_plan_files()
+        error = self.distribute(pool, taken, (self.job_dir / BUNDLE).read_bytes()) if taken else None
+        error = error or self.distribute(pool, [node for node in nodes if node != self.me], update)
+        if error is not None:
+            failure.reason += f"; not restarted: {error.reason}"
+            return False
+        record = {
+            "restart": number,
+            "cause": cause,
+            "lost": sorted(down),
+            "nodes_before": list(spec.nodes),
+            "nodes_after": nodes,
+            "spares_taken": taken,
+            "lost_at": round(failure.at, 2),
+            "restarted_at": round(time.time(), 2),
+            "training_again_s": None,
+            "checkpoint": checkpoint or None,
+            "resume_step": resume_step,
+            "last_step": last_step,
+            "steps_redone": max(0, last_step - resume_step) if last_step is not None else None,
+        }
+        self.restarts.append(record)
+        self._progress_at_restart = self.progress()
+        ran_on = list(dict.fromkeys([*self.status.status.ran_on, *nodes]))
+        self.status.write(
+            nodes=nodes,
+            launcher=self.launcher,
+            ran_on=ran_on,
+            restarts=self.restarts,
+            lost_nodes=sorted(set(self.status.status.lost_nodes) | down),
+            ranks_running=False,
+        )
+        return True
+
+    def spare_free(self, node: str) -> bool:
+        """A spare is a node that answers and runs no job (no process of any job's directory)."""
+        if self.probe(node) != "up":
+            return False
+        jobs = str(Path(self.spec.job_dir).parent).rstrip("/") + "/"
+        pattern = f"[{jobs[0]}]{jobs[1:]}"
+        answer = self.on_node(node, f"pgrep -f -- '{pattern}' >/dev/null && echo busy || echo free")
+        return answer.strip() == "free"
+
+    def archive_attempt(self, number: int, nodes: Sequence[str], pool: ThreadPoolExecutor) -> None:
+        """Move an attempt's logs to JOB/attempts/<number>/ on each node that answers (here: its launcher.log
+        too), so that the next attempt starts with empty logs and the report keeps both."""
+        where = shlex.quote(str(self.job_dir))
+        target = f"{where}/{ATTEMPTS}/{number}"
+        move = f"mkdir -p {target} && if [ -d {where}/logs ]; then mv {where}/logs {target}/; fi"
+        move += f" && mkdir -p {where}/logs"
+        move += f" && if [ -f {where}/{LAUNCHER_LOG} ]; then mv {where}/{LAUNCHER_LOG} {target}/; fi; true"
+        list(pool.map(lambda node: self.on_node(node, move), nodes))
+
+    def write_plan_files(self) -> bytes:
+        """This attempt's job.json, hostfile and (npu, rank_table) rank table, here; the tar of what the other
+        nodes need (job.json, the rank table)."""
+        files = {jobspec.JOB_FILE: self.spec.dumps().encode()}
+        spec = self.spec
+        if spec.accelerator == "npu" and spec.hccl_init == "rank_table" and spec.recovery.get("npu_plan"):
+            table = ranktable.job_rank_table_dict(
+                spec.recovery["npu_plan"], list(spec.nodes), spec.nproc_per_node, spec.recovery.get("visible")
+            )
+            files["rank_table.json"] = ranktable.dumps(table).encode()
+        for name, data in files.items():
+            write_atomic(self.job_dir / name, data)
+        (self.job_dir / "hostfile").write_text(spec.hostfile())
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        return buffer.getvalue()
+
+    def note_training_again(self) -> None:
+        """After a restart, the seconds from the loss to the first progress past the resumed step."""
+        if not self.restarts or self.restarts[-1].get("training_again_s") is not None:
+            return
+        record, progress = self.restarts[-1], self.progress()
+        step = _step(progress)
+        if progress is None or progress == self._progress_at_restart:
+            return
+        if step is not None and step <= int(record.get("resume_step") or 0):
+            return
+        record["training_again_s"] = round(time.time() - float(record["lost_at"]), 1)
+        self.status.write(restarts=self.restarts)
+
+    def record_restarts_in_summary(self) -> None:
+        """The restarts, in the job's summary.json too (when the program wrote one)."""
+        summary = self.job_dir / "output" / "summary.json"
+        if not self.restarts or not summary.is_file():
+            return
+        try:
+            data = json.loads(summary.read_text())
+        except ValueError:
+            return
+        data["restarts"] = self.restarts
+        write_atomic(summary, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+    def distribute(self, pool: ThreadPoolExecutor, nodes: Sequence[str], data: bytes) -> Failure | None:
+        """Unpack ``data`` (a tar.gz: JOB/job.tar.gz with job.json, the script or the project, the rank
+        table; or a restart's new job.json and rank table) into the job's directory on ``nodes``, over the
+        mesh's ssh, all at once; the failure naming the first node that did not take them. The playbook
+        puts the job's files on this node only, after every node's check passed, so that a refused job
+        leaves nothing behind."""
+        if not data or not nodes:
             return None
         where = shlex.quote(str(self.job_dir))
         command = f"mkdir -p {where} && tar -xzf - -C {where}"
@@ -267,10 +488,9 @@ class Supervisor:
         def give(node: str) -> str:
             argv = ["ssh", "-o", f"ConnectTimeout={self.ssh_timeout}", "-o", "BatchMode=yes", node, command]
             try:
-                with bundle.open("rb") as data:
-                    done = subprocess.run(
-                        argv, stdin=data, capture_output=True, timeout=DISTRIBUTE_TIMEOUT, check=False
-                    )
+                done = subprocess.run(
+                    argv, input=data, capture_output=True, timeout=DISTRIBUTE_TIMEOUT, check=False
+                )
             except subprocess.TimeoutExpired:
                 return f"no answer within {DISTRIBUTE_TIMEOUT} s"
             if done.returncode == 0:
@@ -278,7 +498,7 @@ class Supervisor:
             said = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
             return (said[-1] if said else "") or f"ssh exited with status {done.returncode}"
 
-        for node, error in zip(others, pool.map(give, others), strict=True):
+        for node, error in zip(nodes, pool.map(give, nodes), strict=True):
             if error:
                 down = probe_verdict(None, "") if error.startswith("no answer") else self.probe(node)
                 return Failure(
@@ -289,6 +509,7 @@ class Supervisor:
         return None
 
     def report(self, failure: Failure, returncode: int | None, leftover: dict[str, str]) -> None:
+        lost = sorted(set(self.status.status.lost_nodes) | set(failure.lost))
         log_node = failure.node if failure.node in self.nodes and failure.rank is not None else self.me
         # mpirun names log files after its own processes: with torchrun those are the nodes' agents.
         if self.spec.agents:
@@ -299,7 +520,7 @@ class Supervisor:
             state="failed",
             rc=returncode,
             reason=failure.reason,
-            lost_nodes=failure.lost,
+            lost_nodes=lost,
             failed_node=failure.node,
             failed_rank=failure.rank,
             exit_code=failure.exit_code,
@@ -310,6 +531,7 @@ class Supervisor:
             launcher_tail=tail(self.job_dir / LAUNCHER_LOG),
             leftover=leftover,
             progress=self.progress(),
+            interrupted=self.interrupted,
         )
 
     # --- stopping ---------------------------------------------------------------------------------------
@@ -332,11 +554,10 @@ class Supervisor:
         kill = f"pkill -TERM -f -- '{self.pattern()}'; sleep 3; pkill -KILL -f -- '{self.pattern()}'; true"
         list(pool.map(lambda node: self.on_node(node, kill), self.nodes))
 
-    def leftover(self, pool: ThreadPoolExecutor) -> dict[str, str]:
-        found = pool.map(
-            lambda node: self.on_node(node, f"pgrep -a -f -- '{self.pattern()}' || true"), self.nodes
-        )
-        return {node: out.strip() for node, out in zip(self.nodes, found, strict=True) if out and out.strip()}
+    def leftover(self, pool: ThreadPoolExecutor, nodes: Sequence[str] | None = None) -> dict[str, str]:
+        nodes = list(self.nodes if nodes is None else nodes)
+        found = pool.map(lambda node: self.on_node(node, f"pgrep -a -f -- '{self.pattern()}' || true"), nodes)
+        return {node: out.strip() for node, out in zip(nodes, found, strict=True) if out and out.strip()}
 
     def on_node(self, node: str, command: str) -> str:
         """Run a shell command on a node (here, or over ssh); '' when the node does not answer."""
@@ -349,6 +570,39 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             return ""
         return done.stdout
+
+
+def _step(progress: Any) -> int | None:
+    if isinstance(progress, Mapping) and isinstance(progress.get("step"), int):
+        return int(progress["step"])
+    return None
+
+
+def newest_checkpoint(output: Path) -> tuple[str, int]:
+    """The newest complete checkpoint's file name in OUTPUT/checkpoints and its step ('' and 0 when none): a
+    mid-epoch checkpoint (epoch-E.step-S.ckpt) names its step; an epoch's is found in metrics.jsonl's record
+    of that epoch. Names sort in training order; temporary files are not checkpoints."""
+    folder = output / "checkpoints"
+    names = (
+        sorted(path.name for path in folder.iterdir() if CHECKPOINT.match(path.name))
+        if folder.is_dir()
+        else []
+    )
+    if not names:
+        return "", 0
+    match = CHECKPOINT.match(names[-1])
+    assert match is not None
+    if match.group(2):
+        return names[-1], int(match.group(2))
+    epoch = int(match.group(1))
+    for line in read_text(output / "metrics.jsonl", limit=16 * 1024 * 1024).splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("kind") == "epoch" and record.get("epoch") == epoch:
+            return names[-1], int(record.get("step") or 0)
+    return names[-1], 0
 
 
 def last_line(path: Path) -> str | None:
@@ -411,8 +665,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         liveness_every=args.liveness_every,
         tag=args.tag,
     )
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: supervisor._stop.set())
+
+    def stop(signum: int, _frame: Any) -> None:
+        # SIGUSR1: a stop asked from the controller (Ctrl-C in train.yml, jobs.yml -e stop=ID)
+        if signum == signal.SIGUSR1:
+            supervisor.stop_reason = "the job was stopped from the controller"
+            reason = job_dir / "stop-reason"
+            if reason.is_file():
+                supervisor.stop_reason = (
+                    reason.read_text(errors="replace").strip()[:300] or supervisor.stop_reason
+                )
+            supervisor.interrupted = supervisor.stop_reason
+        supervisor._stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(sig, stop)
     return supervisor.run()
 
 

@@ -3,10 +3,21 @@
 Runs as one process per device under torchrun, mpirun (OpenMPI) or srun (Slurm), or alone. ``--batch-size``
 is per process: the global batch is ``batch_size * world_size``. Writes ``DIR/metrics.jsonl``,
 ``DIR/summary.json`` and ``DIR/checkpoints/`` (rank 0 only); see :mod:`ddp_cluster.report` for what each rank
-prints. ``--resume`` continues from the newest checkpoint and says which; without a checkpoint it says so and
+prints.
+
+Checkpoints: rank 0 writes ``checkpoints/epoch-NNNNN.ckpt`` at the end of each epoch (N epochs completed) and,
+with ``--checkpoint-every STEPS``, ``checkpoints/epoch-NNNNN.step-SSSSSSSSS.ckpt`` every STEPS optimizer steps
+within an epoch (S the global step; none at an epoch's last batch, which the epoch's own checkpoint covers),
+so that a restart redoes at most STEPS steps. Each is written atomically and checksummed; the newest
+``--checkpoint-keep`` of both kinds are kept (see :mod:`ddp_cluster.checkpoint`).
+
+``--resume`` continues from the newest checkpoint and says which; without a checkpoint it says so and
 starts from scratch; with ``--epochs`` at or below the checkpoint's epoch it stops with an error naming both
 (``--epochs`` is the total to reach, and a resumed run that trains nothing is a mistake, not a success).
-A run without ``--resume`` refuses a directory that already holds checkpoints.
+From a mid-epoch checkpoint it goes on with that epoch, in the same data order, past the batches already
+trained (with another world size or batch size, past as many samples as were trained, rounded down), and
+reports the epoch's loss and samples as an uninterrupted run does. A run without ``--resume`` refuses a
+directory that already holds checkpoints.
 """
 
 from __future__ import annotations
@@ -14,11 +25,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import itertools
 import os
 import random
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -90,6 +102,14 @@ class TrainConfig:
     checkpoint_keep: int = field(
         default=3, metadata=option("keep the newest K checkpoints (default %(default)s)")
     )
+    checkpoint_every: int = field(
+        default=0,
+        metadata=option(
+            "also checkpoint every STEPS optimizer steps within an epoch; 0: only at epoch ends "
+            "(default %(default)s)",
+            metavar="STEPS",
+        ),
+    )
     synthetic_samples: int = field(default=4096, metadata=option("training samples of 'synthetic'"))
     synthetic_features: int = field(default=32, metadata=option("input size of 'synthetic'"))
     log_every: int = field(default=10, metadata=option("log the loss every N steps; 0: epochs only"))
@@ -104,6 +124,33 @@ class TrainConfig:
         return self.output_dir / "checkpoints"
 
 
+@dataclass(frozen=True)
+class EpochProgress:
+    """How far the epoch under way got, as a mid-epoch checkpoint records it: the batches done, and the loss
+    sums over all ranks of those batches ([loss x samples, samples]), of the whole epoch so far and of the
+    steps since the last step log, so that a run resumed from it logs what an uninterrupted run logs."""
+
+    batch: int = 0
+    loss_sum: float = 0.0
+    samples: float = 0.0
+    log_loss_sum: float = 0.0
+    log_samples: float = 0.0
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        sums = {"loss_sum": self.loss_sum, "samples": self.samples}
+        return {
+            "batch": self.batch,
+            "epoch_sums": sums | {"log_loss_sum": self.log_loss_sum, "log_samples": self.log_samples},
+        }
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict[str, Any], batch: int) -> EpochProgress:
+        sums = saved.get("epoch_sums") or {}
+        return cls(
+            batch, *(float(sums.get(k, 0.0)) for k in ("loss_sum", "samples", "log_loss_sum", "log_samples"))
+        )
+
+
 @dataclass
 class Resumed:
     """Where a run starts: from scratch (all defaults) or from a checkpoint."""
@@ -112,6 +159,10 @@ class Resumed:
     epoch: int = 0
     step: int = 0
     last_epoch_record: dict[str, Any] = field(default_factory=dict)
+    # From a mid-epoch checkpoint: how far epoch ``epoch + 1`` got (``batch``: the batches to skip in this
+    # run's layout), and the RNG states to go on with once the epoch's iterator is made.
+    progress: EpochProgress | None = None
+    rng: dict[str, Any] | None = None
 
 
 @dataclass
@@ -131,7 +182,14 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     # --device unset reads DDP_DEVICE, so its option has no default of its own.
     add_dataclass_arguments(p, TrainConfig, defaults={"device": None})
     args = p.parse_args(argv)
-    for name, minimum in [("epochs", 1), ("batch_size", 1), ("checkpoint_keep", 1), ("log_every", 0)]:
+    minimums = [
+        ("epochs", 1),
+        ("batch_size", 1),
+        ("checkpoint_keep", 1),
+        ("checkpoint_every", 0),
+        ("log_every", 0),
+    ]
+    for name, minimum in minimums:
         if getattr(args, name) < minimum:
             p.error(f"--{name.replace('_', '-')} must be at least {minimum}, not {getattr(args, name)}")
     if args.lr <= 0 or args.num_workers < 0 or args.dist_timeout <= 0:
@@ -198,18 +256,36 @@ def _host_for_url(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+class EpochBatches(BatchSampler):
+    """One rank's batches of an epoch, from batch ``start`` on: a run resumed from a mid-epoch checkpoint
+    skips the batches already trained without reading them. ``len()`` stays the epoch's whole count."""
+
+    def __init__(self, shares: DistributedSampler[Any], batch_size: int) -> None:
+        super().__init__(shares, batch_size=batch_size, drop_last=False)
+        self.shares = shares
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Epoch ``epoch``'s shuffle (the same on every rank, and on a resume), from batch ``start`` on."""
+        self.shares.set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return itertools.islice(super().__iter__(), self.start, None)
+
+
 def make_loader(
     dataset: TensorDataset, env: DistEnv, config: TrainConfig, pin: bool
-) -> tuple[DataLoader[Any], DistributedSampler[Any]]:
+) -> tuple[DataLoader[Any], EpochBatches]:
     """Each rank reads its 1/world_size share; a batch is read with one tensor index, not sample by sample."""
     sampler: DistributedSampler[Any] = DistributedSampler(
         dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=config.seed, drop_last=False
     )
-    batches = BatchSampler(sampler, batch_size=config.batch_size, drop_last=False)
+    batches = EpochBatches(sampler, config.batch_size)
     loader: DataLoader[Any] = DataLoader(
         dataset, sampler=batches, batch_size=None, num_workers=config.num_workers, pin_memory=pin
     )
-    return loader, sampler
+    return loader, batches
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
@@ -236,10 +312,12 @@ class PendingLog:
     epoch: int
     step: int
     batch: int
+    carried: tuple[float, float] = (0.0, 0.0)  # the reduced sums of the window's steps before a checkpoint
 
     def report(self, reporter: Reporter, epochs: int, batches: int) -> None:
         self.work.wait()
         loss_sum, count = self.sums.tolist()
+        loss_sum, count = self.carried[0] + loss_sum, self.carried[1] + count
         mean = loss_sum / max(count, 1.0)
         reporter.progress(self.epoch, epochs, self.batch, batches, mean)
         reporter.record(
@@ -247,40 +325,99 @@ class PendingLog:
         )
 
 
+@dataclass(frozen=True)
+class EpochResult:
+    loss: float  # mean over all ranks and the whole epoch (batches before a resume included)
+    samples: float  # over all ranks, the whole epoch
+    trained_samples: float  # over all ranks, by this run (less than ``samples`` in an epoch resumed midway)
+    batches: int  # this rank's batches trained by this run
+    local_loss: float  # this rank's mean over those batches
+
+
 def run_epoch(
-    state: TrainState, loader: DataLoader[Any], device: torch.device, config: TrainConfig, reporter: Reporter
-) -> tuple[float, float, float]:
-    """Train one epoch; returns (mean loss over all ranks, samples over all ranks, this rank's mean loss).
+    state: TrainState,
+    loader: DataLoader[Any],
+    device: torch.device,
+    config: TrainConfig,
+    reporter: Reporter,
+    start: EpochProgress | None = None,
+    rng: dict[str, Any] | None = None,
+    checkpoint: Callable[[EpochProgress], None] | None = None,
+) -> EpochResult:
+    """Train one epoch, or its rest after ``start.batch`` batches (the loader skips those).
 
     Every ``log_every`` steps the losses since the last log are all-reduced asynchronously and reported at
-    the next log point (or the epoch's end), so logging costs no wait on the other ranks.
+    the next log point (or the epoch's end), so logging costs no wait on the other ranks. With
+    ``checkpoint_every``, every that many global steps but at the epoch's last batch, every rank reports the
+    pending log (so no step record up to the checkpoint is lost with a killed run), all-reduces the loss
+    sums so far, and calls ``checkpoint`` with the epoch's progress (rank 0 writes it). ``rng``: the RNG
+    states to restore once the epoch's iterator is made (making it draws a seed from the torch RNG, which
+    the run that wrote the mid-epoch checkpoint did before it).
     """
     state.model.train()  # type: ignore[no-untyped-call]
+    start = start or EpochProgress()
     batches = len(loader)
+    carried = (start.loss_sum, start.samples)  # reduced sums of the epoch's batches before ``losses``
+    log_carried = (start.log_loss_sum, start.log_samples)  # ... of the unlogged steps before ``losses``
+    local_carried = (0.0, 0.0)  # this rank's sums of the batches of this run before ``losses``
     losses: list[torch.Tensor] = []
     sizes: list[int] = []
     logged = 0  # entries of losses/sizes already logged
     pending: PendingLog | None = None
-    for batch, (inputs, targets) in enumerate(loader, start=1):
+    trained = 0
+    iterator = iter(loader)
+    if rng is not None:
+        ckpt.restore_rng_state(rng)
+    for batch, (inputs, targets) in enumerate(iterator, start=start.batch + 1):
         inputs = inputs.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         losses.append(run_batch(state.model, state.optimizer, inputs, targets))
         sizes.append(int(targets.shape[0]))
         state.step += 1
+        trained += 1
         if config.log_every and state.step % config.log_every == 0:
             if pending is not None:
                 pending.report(reporter, config.epochs, batches)
             sums = loss_sums(losses[logged:], sizes[logged:], device)
             work = dist.all_reduce(sums, op=dist.ReduceOp.SUM, async_op=True)
-            pending = PendingLog(work, sums, state.epoch + 1, state.step, batch)
+            pending = PendingLog(work, sums, state.epoch + 1, state.step, batch, log_carried)
+            log_carried = (0.0, 0.0)
             logged = len(losses)
+        if (
+            checkpoint
+            and config.checkpoint_every
+            and state.step % config.checkpoint_every == 0
+            and batch < batches
+        ):
+            if pending is not None:
+                pending.report(reporter, config.epochs, batches)
+                pending = None
+            sums = torch.cat(
+                [loss_sums(losses, sizes, device), loss_sums(losses[logged:], sizes[logged:], device)]
+            )
+            local_sum, local_count = sums[:2].tolist()
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+            epoch_sum, epoch_count, log_sum, log_count = sums.tolist()
+            carried = (carried[0] + epoch_sum, carried[1] + epoch_count)
+            log_carried = (log_carried[0] + log_sum, log_carried[1] + log_count)
+            local_carried = (local_carried[0] + local_sum, local_carried[1] + local_count)
+            losses, sizes, logged = [], [], 0
+            checkpoint(EpochProgress(batch, *carried, *log_carried))
     if pending is not None:
         pending.report(reporter, config.epochs, batches)
     sums = loss_sums(losses, sizes, device)
     local_sum, local_count = sums.tolist()
+    local_sum, local_count = local_carried[0] + local_sum, local_carried[1] + local_count
     dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     total_sum, total_count = sums.tolist()
-    return total_sum / max(total_count, 1.0), total_count, local_sum / max(local_count, 1.0)
+    total_sum, total_count = carried[0] + total_sum, carried[1] + total_count
+    return EpochResult(
+        loss=total_sum / max(total_count, 1.0),
+        samples=total_count,
+        trained_samples=total_count - start.samples,
+        batches=trained,
+        local_loss=local_sum / max(local_count, 1.0),
+    )
 
 
 def loss_sums(losses: list[torch.Tensor], sizes: list[int], device: torch.device) -> torch.Tensor:
@@ -385,13 +522,22 @@ def restore(
         group["lr"] = config.lr  # the command line wins over the checkpoint
     ckpt.restore_rng_state(saved["rng"])
     saved_layout = (saved.get("world_size"), saved.get("config", {}).get("batch_size"))
-    if saved_layout != (dist.get_world_size(), config.batch_size):
+    layout = (dist.get_world_size(), config.batch_size)
+    if saved_layout != layout:
         reporter.main_line(
             f"note: checkpoint {path.name} was written with world size {saved_layout[0]} and batch size "
-            f"{saved_layout[1]}, this run has {dist.get_world_size()} and {config.batch_size}: it goes on, "
+            f"{saved_layout[1]}, this run has {layout[0]} and {layout[1]}: it goes on, "
             "but its data order and steps differ from those of an uninterrupted run"
         )
-    return Resumed(path, int(saved["epoch"]), int(saved["step"]), dict(saved.get("metrics", {})))
+    resumed = Resumed(path, int(saved["epoch"]), int(saved["step"]), dict(saved.get("metrics", {})))
+    batch = int(saved.get("batch") or 0)  # batches done of epoch ``epoch + 1``: 0 at an epoch's end
+    if batch > 0:
+        # The samples already trained, counted in batches of this run's layout (rounded down).
+        saved_world, saved_batch_size = int(saved_layout[0] or layout[0]), int(saved_layout[1] or layout[1])
+        skip = batch * saved_world * saved_batch_size // (layout[0] * layout[1])
+        resumed.progress = EpochProgress.from_checkpoint(saved, skip)
+        resumed.rng = saved["rng"]
+    return resumed
 
 
 def prepare(
@@ -413,6 +559,10 @@ def prepare(
                 f"would train; ask for --epochs {resumed.epoch + 1} or more to continue"
             )
         reporter.line(f"resuming from {resumed.path} (epoch {resumed.epoch}, step {resumed.step})")
+        if resumed.progress is not None:
+            reporter.main_line(
+                f"epoch {resumed.epoch + 1} goes on after its first {resumed.progress.batch} batches"
+            )
     elif config.resume:
         reporter.main_line(f"--resume: no checkpoint in {config.checkpoint_dir}, starting from scratch")
     model = DDP(raw_model, device_ids=placement.device_ids)
@@ -429,7 +579,7 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
         f"device {device}, backend {placement.backend}"
     )
     state, resumed = prepare(config, env, placement, data, reporter)
-    loader, sampler = make_loader(data.train, env, config, pin=placement.kind == "cuda")
+    loader, batches = make_loader(data.train, env, config, pin=placement.kind == "cuda")
     reporter.open_metrics(keep_until_step=state.step if resumed.path else None)
     reporter.main_line(
         f"training {data.name} ({len(data.train)} samples) epochs {state.epoch + 1}..{config.epochs}, "
@@ -437,12 +587,24 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
     )
     last_record, checkpoint = resumed.last_epoch_record, resumed.path
     samples_trained, busy_seconds, busy_cpu_seconds, eval_seconds = 0.0, 0.0, 0.0, 0.0
+
+    def save_mid_epoch(progress: EpochProgress) -> None:
+        nonlocal checkpoint
+        if env.is_main:
+            snapshot = _snapshot(state, config, env, last_record) | progress.to_checkpoint()
+            checkpoint = ckpt.save_checkpoint(
+                config.checkpoint_dir, state.epoch, snapshot, config.checkpoint_keep, step=state.step
+            )
+
+    progress, rng = resumed.progress, resumed.rng  # for the first epoch only
     loop_start = time.perf_counter()
     try:
         for epoch in range(state.epoch, config.epochs):
-            sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            # a new shuffle each epoch, the same on every rank; an epoch resumed midway skips what it trained
+            batches.set_epoch(epoch, progress.batch if progress else 0)
             start, start_cpu = time.perf_counter(), time.process_time()
-            loss, samples, local_loss = run_epoch(state, loader, device, config, reporter)
+            result = run_epoch(state, loader, device, config, reporter, progress, rng, save_mid_epoch)
+            progress, rng = None, None
             trained, trained_cpu = time.perf_counter(), time.process_time()
             test_loss, accuracy = evaluate(state.model.module, data.test, env, device)
             evaluated, evaluated_cpu = time.perf_counter(), time.process_time()
@@ -451,12 +613,12 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
                 "kind": "epoch",
                 "epoch": state.epoch,
                 "step": state.step,
-                "loss": loss,
+                "loss": result.loss,
                 "test_loss": test_loss,
                 "test_accuracy": accuracy,
-                "samples": int(samples),
+                "samples": int(result.samples),
                 "seconds": trained - start,
-                "samples_per_s": samples / (trained - start),
+                "samples_per_s": result.trained_samples / (trained - start),
             }
             if env.is_main:
                 snapshot = _snapshot(state, config, env, last_record)
@@ -465,11 +627,13 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
                 )
             reporter.record(last_record)
             reporter.main_line(
-                f"epoch {state.epoch}/{config.epochs} loss {loss:.4f} test_loss {test_loss:.4f} "
+                f"epoch {state.epoch}/{config.epochs} loss {result.loss:.4f} test_loss {test_loss:.4f} "
                 f"test_accuracy {accuracy:.4f} {last_record['samples_per_s']:.0f} samples/s"
             )
-            reporter.line(f"epoch {state.epoch} done: {len(loader)} batches, local loss {local_loss:.4f}")
-            samples_trained += samples
+            reporter.line(
+                f"epoch {state.epoch} done: {result.batches} batches, local loss {result.local_loss:.4f}"
+            )
+            samples_trained += result.trained_samples
             eval_seconds += evaluated - trained
             # busy: training, checkpoint and logs, not evaluation
             busy_seconds += time.perf_counter() - start - (evaluated - trained)
@@ -508,6 +672,7 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
 
 
 def _snapshot(state: TrainState, config: TrainConfig, env: DistEnv, record: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds at an epoch's end (``batch`` 0); a mid-epoch one adds its EpochProgress."""
     return {
         "model": state.model.module.state_dict(),
         "optimizer": state.optimizer.state_dict(),
@@ -516,7 +681,8 @@ def _snapshot(state: TrainState, config: TrainConfig, env: DistEnv, record: dict
         "rng": ckpt.capture_rng_state(),
         "config": config.to_dict(),
         "world_size": env.world_size,
-        "metrics": record,
+        "metrics": record,  # the last completed epoch's record
+        "batch": 0,
     }
 
 
