@@ -53,6 +53,8 @@ def run_playbook(
         "ANSIBLE_CONFIG": str(project / "ansible.cfg"),
         # The tests read what each task did, skipped ones too; a user's output leaves those out (ansible.cfg).
         "ANSIBLE_DISPLAY_SKIPPED_HOSTS": "true",
+        # ansible-runner puts its own callback directory in place of ansible.cfg's; it keeps one set here.
+        "ANSIBLE_CALLBACK_PLUGINS": str(project / "plugins" / "callback"),
         "PATH": os.path.dirname(os.path.realpath(shutil.which("ansible-playbook") or ""))
         + ":"
         + os.environ["PATH"],

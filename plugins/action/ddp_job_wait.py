@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -53,6 +54,8 @@ GRACE = 90
 STOP_WAIT = 90
 # How long detach waits for every rank to run.
 DETACH_WAIT = 120
+# Seconds without a new word from the supervisor before the wait checks that the first node still runs.
+SILENT = 20.0
 
 
 def interrupt_file(playbook_pid: int) -> Path:
@@ -83,6 +86,9 @@ class ActionModule(ActionBase):
         label = f"{plan['label']} {plan['id']}"
         status_file = f"{host_dir}/{job_status.FILE}"
         self._interrupt = interrupt_file(os.getppid())
+        self._node, self._first_lost = node, False
+        self._last_updated: float | None = None
+        self._changed_at = self._probed_at = time.monotonic()
         self._interrupt.unlink(missing_ok=True)
         self._shown_restarts = 0
         if plan.get("attach"):
@@ -99,6 +105,7 @@ class ActionModule(ActionBase):
             started = self._start(plan, node, host_dir)
             if started:
                 return {**result, "failed": True, "msg": f"{label}: could not start on {node}: {started}"}
+        status = None
         if plan.get("detach") and not plan.get("attach"):
             status = self._wait(status_file, DETACH_WAIT, float(plan["poll"]), label, until_running=True)
             if status is not None and status.ranks_running and not status.done:
@@ -113,9 +120,21 @@ class ActionModule(ActionBase):
                     "state": status.state,
                     "status": status.to_dict(),
                 }
-        else:
+        if status is None or not (status.done or self._first_lost or self._interrupt.exists()):
+            # attached; or detach=true while the ranks did not all run yet: follow it as attached
             status = self._wait(status_file, float(plan["timeout"]) + GRACE, float(plan["poll"]), label)
-        if status is not None and not status.done and self._interrupt.exists():
+        if self._first_lost:
+            display.display(f"{label}: the first node {node} is gone, and the supervisor with it")
+            lost = sorted({*(status.lost_nodes if status else ()), node})
+            status = (status or job_status.Status()).update(
+                state="failed",
+                lost_nodes=lost,
+                failed_node=node,
+                reason=f"node {node}, the job's first node (its supervisor and rank 0's checkpoints), stopped"
+                " answering; no restart can be made without it: bring it back with site.yml (or take it out"
+                f" of group nodes), then train.yml -e resume=true -e resume_from={plan['id']}",
+            )
+        elif status is not None and not status.done and self._interrupt.exists():
             display.display(f"{label}: interrupted (Ctrl-C): stopping it on every node")
             self._stop(node, plan, "interrupted on the controller (Ctrl-C): stopped on every node")
             status = self._wait(status_file, STOP_WAIT, 1.0, label, stopping=True) or status
@@ -145,8 +164,32 @@ class ActionModule(ActionBase):
         else:
             self._low_level_execute_command(f"docker exec {shlex.quote(node)} pkill -TERM -f {pattern}")
 
+    def _first_silent(self, status: job_status.Status | None) -> bool:
+        """Whether the first node is gone: no new word from its supervisor for SILENT seconds and its
+        container does not run (or its server does not answer). Sets self._first_lost."""
+        now = time.monotonic()
+        updated = status.updated if status else None
+        if updated != self._last_updated:
+            self._last_updated, self._changed_at = updated, now
+            return False
+        if now - self._changed_at < SILENT or now - self._probed_at < SILENT / 2:
+            return False
+        self._probed_at = now
+        try:
+            done = self._low_level_execute_command(
+                f"docker inspect -f '{{{{.State.Running}}}}' {shlex.quote(self._node)}"
+            )
+            running = done["rc"] == 0 and "true" in str(done.get("stdout", ""))
+        except AnsibleError:
+            running = False
+        self._first_lost = not running
+        return self._first_lost
+
     def _read(self, status_file: str) -> job_status.Status | None:
-        done = self._low_level_execute_command(f"cat {shlex.quote(status_file)} 2>/dev/null")
+        try:
+            done = self._low_level_execute_command(f"cat {shlex.quote(status_file)} 2>/dev/null")
+        except AnsibleError:  # the first node's server does not answer (its loss is found by _first_silent)
+            return None
         if done["rc"] != 0:
             return None
         with contextlib.suppress(job_status.StatusError):  # a partial read: the next poll sees the whole file
@@ -208,6 +251,8 @@ class ActionModule(ActionBase):
             if until_running and status is not None and status.ranks_running:
                 return status
             if not stopping and self._interrupt.exists():
+                return status
+            if not stopping and self._first_silent(status):
                 return status
             progress = job_status.describe_progress(status.progress if status else None)
             state = status.state if status else "starting"

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from .conftest import QUICK, RUNS, SIM, STATE, job_id, on_node, on_server, train, wait_engine
-from conftest import PlaybookResult, run_playbook, start_train
+from conftest import REPO, PlaybookResult, run_playbook, start_train
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
@@ -62,4 +62,45 @@ def test_dead_server_fails_the_job_within_60s_naming_it(sim_cluster: PlaybookRes
     assert f"job {job} failed: node sim-server1" in output, output[-4000:]
     left = on_node("sim-server0", f"pgrep -af '[/]workspace/jobs/{job}/' || true").stdout.strip()
     assert left == "", left
+    wait_engine("sim-server1")
+
+
+def test_a_killed_server_is_recovered_on_the_other_within_90s(sim_cluster: PlaybookResult) -> None:
+    """max_restarts=1 with min_nodes=1 (the sim has no third server to spare): sim-server1 killed mid-job, the
+    supervisor on sim-server0 restarts the job there alone from its newest checkpoint, and it finishes."""
+    job = job_id("restart")
+    args = "--dataset digits --epochs 400 --batch-size 32 --log-every 10 --checkpoint-every 50"
+    playbook = subprocess.Popen(
+        [
+            *(str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(SIM), "train.yml"),
+            *("-e", f"job_id={job}", "-e", "nodes=2", "-e", f"script_args='{args}'"),
+            *("-e", "max_restarts=1", "-e", "min_nodes=1"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=os.environ | {"ANSIBLE_NOCOLOR": "1"},
+        start_new_session=True,
+    )
+    status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
+    try:
+        deadline = time.monotonic() + 240
+        while '"step": 5' not in on_server("sim-server0", f"cat {status} 2>/dev/null", check=False).stdout:
+            assert playbook.poll() is None, "train.yml ended before the job made progress"
+            assert time.monotonic() < deadline, "the job made no progress within 240 s"
+            time.sleep(1)
+        subprocess.run(["docker", "kill", "sim-server1"], check=True, capture_output=True)
+        killed = time.time()
+        output, _ = playbook.communicate(timeout=400)
+    finally:
+        if playbook.poll() is None:
+            os.killpg(playbook.pid, signal.SIGTERM)
+        subprocess.run(["docker", "start", "sim-server1"], check=True, capture_output=True)
+    assert playbook.returncode == 0, output[-5000:]
+    [restart] = json.loads((RUNS / job / "status.json").read_text())["restarts"]
+    assert restart["lost"] == ["sim-server1"] and restart["nodes_after"] == ["sim-server0"], restart
+    again = float(restart["lost_at"]) + float(restart["training_again_s"]) - killed
+    assert again < 90, f"training again {again:.0f} s after sim-server1 was killed"
+    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 1
     wait_engine("sim-server1")

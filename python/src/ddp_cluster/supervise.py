@@ -63,7 +63,7 @@ MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited o
 TORCHRUN_ROOT = re.compile(r"host\s*:\s*(\S+)\s*\n\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 # The doctor's verdicts that a restart can cure (a peer vanished, a collective or the store timed out): not a
 # Python error in the user's code, not the job's own time bound, not a stop.
-RESTARTABLE = ("node-down", "store-timeout", "nccl-timeout", "hccl-timeout", "gloo-connection")
+RESTARTABLE = ("node-down", "store-timeout", "nccl-timeout", "hccl-EI0002", "hccl-EI0006", "gloo-connection")
 # Where a restarted job's earlier attempts keep their logs (JOB/attempts/<n>/), on every node.
 ATTEMPTS = "attempts"
 CHECKPOINT = re.compile(r"^epoch-(\d+)(?:[.]step-(\d+))?[.]ckpt$")
@@ -310,14 +310,26 @@ class Supervisor:
             where = f"rank {failure.rank} on {failure.node}" if failure.rank is not None else failure.node
             return f"{where or 'a rank'} was killed by {signal_name(failure.signal)}"
         found: dict[str, doctor.Finding] = {}
-        doctor.match_lines(LAUNCHER_LOG, read_text(self.job_dir / LAUNCHER_LOG).splitlines(), found)
-        for log in sorted((self.job_dir / "logs").rglob("*")):
-            if log.is_file():
-                doctor.match_lines(str(log), read_text(log, limit=256 * 1024).splitlines(), found)
+        logs = sorted(path for path in (self.job_dir / "logs").rglob("*") if path.is_file())
+        texts = [read_text(self.job_dir / LAUNCHER_LOG), *(read_text(log, 256 * 1024) for log in logs)]
+        if failure.node in self.nodes and failure.node != self.me:  # the failing rank's log is on its node
+            process = self.nodes.index(failure.node) if self.spec.agents else failure.rank
+            texts.append("\n".join(self.rank_log_tail(process or 0, failure.node)))
+        for number, text in enumerate(texts):
+            doctor.match_lines(str(number), text.splitlines(), found)
+        if any(users_error(text) for text in texts):
+            return None  # a Python error of the program: its peers' lost connections follow from it
+        # The most likely verdict, if curable; else a timeout found anywhere (a rank's non-zero exit follows
+        # one), but not a mere lost connection (it follows a rank that exited first).
         ranked = sorted(found.values(), key=lambda item: -item.signature.weight)
         if ranked and ranked[0].signature.id in RESTARTABLE:
             return ranked[0].cause
-        return None
+        timeouts = [
+            item
+            for item in ranked
+            if item.signature.id in RESTARTABLE and item.signature.id != "gloo-connection"
+        ]
+        return timeouts[0].cause if timeouts else None
 
     def recover(self, failure: Failure, pool: ThreadPoolExecutor) -> bool:
         """After a failure, restart the job if it may be (max_restarts, the cause, enough nodes): on the nodes
@@ -570,6 +582,26 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             return ""
         return done.stdout
+
+
+# A Python exception's last line in a rank's log ("[rank1]: ZeroDivisionError: ..."), and the ones that are
+# the collectives' (a peer or the store gone): those a restart may cure.
+EXCEPTION = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception))(?::\s*(.*))?$")
+COLLECTIVE = re.compile(r"(?:Dist(?:Backend|Network|Store)?Error|ChildFailedError)$")
+COLLECTIVE_TEXT = re.compile(r"gloo|nccl|hccl|connection|timed out|timeout|peer|socket|store", re.IGNORECASE)
+
+
+def users_error(text: str) -> bool:
+    """Whether a log holds a Python exception raised by the program itself (not by the collectives)."""
+    for line in text.splitlines():
+        match = EXCEPTION.match(line.strip())
+        if match is None:
+            continue
+        name, said = match.group(1), match.group(2) or ""
+        if COLLECTIVE.search(name) or (name.endswith("RuntimeError") and COLLECTIVE_TEXT.search(said)):
+            continue
+        return True
+    return False
 
 
 def _step(progress: Any) -> int | None:
