@@ -92,7 +92,8 @@ def node_report(jobs_dir: str, newest: int = NEWEST) -> dict[str, Any]:
         (folder for folder in root.iterdir() if folder.is_dir()) if root.is_dir() else [],
         key=lambda folder: folder.stat().st_mtime,
     )
-    listed = [folder for folder in folders if (folder / job_status.FILE).is_file()][-newest:]
+    with_status = [folder for folder in folders if (folder / job_status.FILE).is_file()]
+    listed = with_status[-newest:] if newest > 0 else []
     listed += [root / job for job in busy if root / job not in listed]
     jobs: dict[str, Any] = {}
     for folder in listed:
@@ -198,10 +199,11 @@ def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> 
     order = sorted(jobs.items(), key=lambda pair: (pair[1].get("status") or {}).get("updated") or 0)
     for job, entry in order:
         found = entry.get("status") or {}
-        state = str(found.get("state") or "?")
-        if state in ("starting", "running") and not entry.get("supervisor"):
-            first = entry.get("first")
-            state = f"{state}, no supervisor on {first}" if first else "unknown (its first node is down)"
+        state = str(found.get("state") or "")
+        if not found:  # status.json is on the job's first node: it did not answer, or never ran it
+            state = "unknown (no status: its first node did not answer)"
+        elif state in ("starting", "running") and not entry.get("supervisor"):
+            state = f"{state}, no supervisor on {entry.get('first')}"
         nodes = found.get("nodes") or entry.get("nodes") or []
         progress = job_status.describe_progress(found.get("progress")) if found else "?"
         restarts = f"{len(found.get('restarts') or [])}/{entry.get('max_restarts', 0)}"
