@@ -1,6 +1,9 @@
 """A job outlives the playbook and recovers on its own (local inventory, 3 nodes: node2 is the spare of a
 2-node job): detach / jobs.yml / attach / stop, Ctrl-C, a killed controller, one job per node, restarts on a
-spare or on fewer nodes, restarts exhausted, and a user's error that is not restarted."""
+spare or on fewer nodes, restarts exhausted, and a user's error that is not restarted.
+
+Named to run after test_site.py (pytest takes files in name order): its idempotence test re-runs site.yml on
+the 2-node inventory, which a 3-node run before it would change."""
 
 from __future__ import annotations
 
