@@ -78,19 +78,25 @@ def run_playbook(
         return PlaybookResult(rc=runner.rc, status=runner.status, stats=stats, stdout=stdout)
 
 
-def start_train(job: str, script_args: str, inventory: Path = LOCAL_INVENTORY) -> subprocess.Popen[str]:
+def start_train(
+    job: str,
+    script_args: str,
+    inventory: Path = LOCAL_INVENTORY,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[str]:
     """Start train.yml on 2 nodes in the background, as a user does in a terminal (a test then breaks a
-    node)."""
+    node, or presses Ctrl-C); ``extra``: more ansible-playbook arguments (-e nodes=3 wins over nodes=2)."""
     return subprocess.Popen(
         [
             *(str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(inventory), "train.yml"),
-            *("-e", f"job_id={job}", "-e", "nodes=2", "-e", f"script_args='{script_args}'"),
+            *("-e", f"job_id={job}", "-e", "nodes=2", "-e", f"script_args='{script_args}'", *extra),
         ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=os.environ | {"ANSIBLE_NOCOLOR": "1"},
+        env=os.environ | (env or {}) | {"ANSIBLE_NOCOLOR": "1"},
         start_new_session=True,
     )
 

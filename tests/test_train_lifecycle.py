@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, STATE_DIR, PlaybookResult, docker, node_exec, run_playbook
+from conftest import REPO, STATE_DIR, PlaybookResult, docker, node_exec, run_playbook, start_train
 
 THREE = {"DDP_LOCAL_NODES": "3"}
 RUNS = REPO / "runs"
@@ -35,17 +35,9 @@ def playbook(name: str, **extravars: object) -> PlaybookResult:
     return run_playbook(name, extravars=extravars, env=THREE)
 
 
-def start(job: str, *extra: str) -> subprocess.Popen[str]:
-    """train.yml in the background, as a user starts it in a terminal."""
-    return subprocess.Popen(
-        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "train.yml", "-e", f"job_id={job}", *extra],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=os.environ | THREE | {"ANSIBLE_NOCOLOR": "1"},
-        start_new_session=True,
-    )
+def start(job: str, script_args: str, *extra: str) -> subprocess.Popen[str]:
+    """train.yml in the background (2 nodes unless -e nodes=N), on the 3-node inventory."""
+    return start_train(job, script_args, extra=extra, env=THREE)
 
 
 def status_of(job: str) -> dict[str, object]:
@@ -155,7 +147,7 @@ def test_a_job_on_busy_nodes_is_refused_naming_the_first_and_stop_ends_it(three:
 
 def test_ctrl_c_stops_every_rank_collects_and_exits_non_zero(three: None) -> None:
     job = job_id("sigint")
-    proc = start(job, "-e", "nodes=2", "-e", f"script_args='{LONG}'")
+    proc = start(job, LONG)
     try:
         wait_for("every rank running", lambda: status_of(job).get("ranks_running") is True)
         wait_for("training", lambda: step_of(job) > 0)
@@ -176,7 +168,7 @@ def test_ctrl_c_stops_every_rank_collects_and_exits_non_zero(three: None) -> Non
 def test_a_killed_controller_leaves_the_job_running_and_attach_collects_it(three: None) -> None:
     job = job_id("killed")
     quick = "--dataset digits --epochs 40 --batch-size 32 --lr 0.05"
-    proc = start(job, "-e", "nodes=2", "-e", f"script_args='{quick}'")
+    proc = start(job, quick)
     wait_for("every rank running", lambda: status_of(job).get("ranks_running") is True)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
@@ -194,7 +186,7 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_finishes(three: None) 
     expected = json.loads((RUNS / reference / "summary.json").read_text())["accuracy"]
 
     job = job_id("spare")
-    proc = start(job, "-e", "nodes=2", "-e", "max_restarts=1", "-e", f"script_args='{LONG}'")
+    proc = start(job, LONG, "-e", "max_restarts=1")
     try:
         wait_for("step 1000", lambda: step_of(job) > 1000)
         docker("kill", "node1")
@@ -220,9 +212,7 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_finishes(three: None) 
 
 def test_without_a_spare_min_nodes_lets_it_finish_on_fewer(three: None) -> None:
     job = job_id("fewer")
-    proc = start(
-        job, "-e", "nodes=3", "-e", "max_restarts=1", "-e", "min_nodes=2", "-e", f"script_args='{LONG}'"
-    )
+    proc = start(job, LONG, "-e", "nodes=3", "-e", "max_restarts=1", "-e", "min_nodes=2")
     try:
         wait_for("step 500", lambda: step_of(job) > 500)
         docker("kill", "node2")
@@ -238,7 +228,7 @@ def test_without_a_spare_min_nodes_lets_it_finish_on_fewer(three: None) -> None:
 
 def test_restarts_exhausted_fail_as_before_naming_both_losses(three: None) -> None:
     job = job_id("exhausted")
-    proc = start(job, "-e", "nodes=2", "-e", "max_restarts=1", "-e", f"script_args='{LONG}'")
+    proc = start(job, LONG, "-e", "max_restarts=1")
     try:
         wait_for("step 500", lambda: step_of(job) > 500)
         docker("kill", "node1")

@@ -16,10 +16,10 @@ status to its end (a job that already ended is just collected). A restart the su
 happens.
 
 Ctrl-C: the ``ddp_job_interrupt`` callback (in the playbook's own process, where Ansible receives SIGINT)
-leaves a file named after that process (:func:`interrupt_file`); the wait sees it at its next poll, asks the
-supervisor to stop the job on every node (SIGUSR1, with the reason), waits for its last word and returns it,
-so the results are collected and the report says the job was interrupted. A second Ctrl-C is Ansible's own
-(it leaves at once; the supervisor still stops the job it was told to stop).
+leaves a file named after that process (:func:`ddp_cluster.jobs.interrupt_file`); the wait sees it at its
+next poll, asks the supervisor to stop the job on every node (SIGUSR1, with the reason), waits for its last
+word and returns it, so the results are collected and the report says the job was interrupted. A second
+Ctrl-C is Ansible's own (it leaves at once; the supervisor still stops the job it was told to stop).
 
     - ddp_job_wait:
         plan: "{{ _ddp_job_plan }}"
@@ -31,7 +31,6 @@ import contextlib
 import os
 import shlex
 import site
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 from ddp_cluster import status as job_status
 from ddp_cluster.atomic import write_atomic
 from ddp_cluster.job import BUNDLE_FILE
+from ddp_cluster.jobs import interrupt_file
 
 display = Display()
 # Seconds past job_timeout before the controller stops a job whose supervisor did not end it; and to wait for
@@ -56,12 +56,6 @@ STOP_WAIT = 90
 DETACH_WAIT = 120
 # Seconds without a new word from the supervisor before the wait checks that the first node still runs.
 SILENT = 20.0
-
-
-def interrupt_file(playbook_pid: int) -> Path:
-    """The file the ddp_job_interrupt callback leaves when the playbook (process ``playbook_pid``) gets
-    Ctrl-C while a job is waited for."""
-    return Path(tempfile.gettempdir(), f"ddp-cluster-interrupt.{playbook_pid}")
 
 
 def follow_commands(job_id: str) -> list[str]:
@@ -109,8 +103,9 @@ class ActionModule(ActionBase):
         if plan.get("detach") and not plan.get("attach"):
             status = self._wait(status_file, DETACH_WAIT, float(plan["poll"]), label, until_running=True)
             if status is not None and status.ranks_running and not status.done:
-                for line in [f"{label}: detached: every rank runs; the job goes on without this controller"]:
-                    display.display(line)
+                display.display(
+                    f"{label}: detached: every rank runs; the job goes on without this controller"
+                )
                 for line in follow_commands(str(plan["id"])):
                     display.display(line)
                 return {

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from test_plan import OPTIONS, exported, records, request
+from test_plan import inventory as plan_inventory
+from test_supervise import spec
 
 from ddp_cluster import doctor, plan, status
 from ddp_cluster import job as jobspec
@@ -44,26 +46,6 @@ Traceback (most recent call last):
     loss = total / count
 ZeroDivisionError: division by zero
 """
-
-
-def spec(**changes: Any) -> JobSpec:
-    fields: dict[str, Any] = {
-        "id": "j1",
-        "job_dir": "/workspace/jobs/j1",
-        "nodes": ["node0", "node1"],
-        "nproc_per_node": 1,
-        "launcher": "mpirun",
-        "device": "cpu",
-        "networks": ["172.23.0.0/16"],
-        "timeout": 60,
-        "poll": 0.1,
-    }
-    return JobSpec.from_dict(fields | changes)
-
-
-def exported(argv: list[str]) -> dict[str, str]:
-    pairs = [argv[i + 1] for i, part in enumerate(argv) if part == "-x" and "=" in argv[i + 1]]
-    return dict(pair.split("=", 1) for pair in pairs)
 
 
 # --- newest_checkpoint ---
@@ -662,59 +644,9 @@ def test_a_restart_is_one_line() -> None:
 # --- the plan's spares ---
 
 
-SPECS = yaml.safe_load((REPO / "roles" / "ddp_job" / "meta" / "argument_specs.yml").read_text())
-OPTIONS = SPECS["argument_specs"]["main"]["options"]
-
-
-def request(**changes: Any) -> dict[str, Any]:
-    """The role's variables as its defaults resolve them for `train.yml -e nodes=2` (as test_plan.py)."""
-    base: dict[str, Any] = {
-        "nodes": "2",
-        "launcher": "mpirun",
-        "device": "cpu",
-        "hccl_init": "rank_table",
-        "script": "",
-        "workdir": "",
-        "workdir_max_mb": 64,
-        "script_args": "--epochs 2",
-        "resume": False,
-        "resume_from": "",
-        "timeout": "3600",
-        "id": "j1",
-        "nproc_per_node": 2,
-        "master_port": 29501,
-        "launcher_ports": "",
-        "runs_dir": "runs",
-        "env": {},
-        "mpirun_args": [],
-        "preflight": False,
-        "kind": "train",
-        "health_fraction": 0.5,
-        "health_floor_gbps": 0,
-        "health_min_bytes": 4096,
-        "health_max_bytes": 65536,
-        "health_factor": 4,
-        "health_seconds_per_size": 0.2,
-        "health_ignore": [],
-        "health_timeout": 300,
-        "poll": 0.5,
-        "collect_timeout": 10,
-    }
-    return base | changes
-
-
 def inventory(tmp_path: Path, nodes: tuple[str, ...], recorded: tuple[str, ...] | None = None) -> Inventory:
-    records = {
-        node: {
-            "interface": "eth0",
-            "address": f"172.30.99.{10 + index}/24",
-            "workspace": f"/var/lib/ddp-cluster/{node}/workspace",
-            "container_workspace": "/workspace",
-            "cpu_binding": "",
-        }
-        for index, node in enumerate(nodes if recorded is None else recorded)
-    }
-    return Inventory(nodes=nodes, accelerator="cpu", records=records, cwd=str(tmp_path))
+    """test_plan's inventory, with site.yml's records of ``recorded`` only (default: every node)."""
+    return plan_inventory(tmp_path, nodes, records=records(*(nodes if recorded is None else recorded)))
 
 
 THREE = ("node0", "node1", "node2")

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from .conftest import QUICK, RUNS, SIM, STATE, job_id, on_node, on_server, train, wait_engine
-from conftest import REPO, PlaybookResult, run_playbook, start_train
+from conftest import PlaybookResult, run_playbook, start_train
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
@@ -70,19 +70,7 @@ def test_a_killed_server_is_recovered_on_the_other_within_90s(sim_cluster: Playb
     supervisor on sim-server0 restarts the job there alone from its newest checkpoint, and it finishes."""
     job = job_id("restart")
     args = "--dataset digits --epochs 400 --batch-size 32 --log-every 10 --checkpoint-every 50"
-    playbook = subprocess.Popen(
-        [
-            *(str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(SIM), "train.yml"),
-            *("-e", f"job_id={job}", "-e", "nodes=2", "-e", f"script_args='{args}'"),
-            *("-e", "max_restarts=1", "-e", "min_nodes=1"),
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=os.environ | {"ANSIBLE_NOCOLOR": "1"},
-        start_new_session=True,
-    )
+    playbook = start_train(job, args, SIM, extra=("-e", "max_restarts=1", "-e", "min_nodes=1"))
     status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
     try:
         deadline = time.monotonic() + 240

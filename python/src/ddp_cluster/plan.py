@@ -640,22 +640,23 @@ def _pack(
     return {**summary, "workdir": project, "reused": False}
 
 
+def add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """A regular file ``name`` holding ``data`` (mode 644), into an open tar."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+    tar.addfile(info, io.BytesIO(data))
+
+
 def bundle_bytes(plan: Plan) -> bytes:
     """job.tar.gz: what every node's job directory starts with (job.json, the script or the project under
     workdir/, the rank table), in memory (the project is bounded)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-
-        def add(name: str, data: bytes) -> None:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-
-        add(job.JOB_FILE, plan.spec.dumps().encode())
+        add_file(tar, job.JOB_FILE, plan.spec.dumps().encode())
         if plan.rank_table:
-            add("rank_table.json", plan.rank_table.encode())
+            add_file(tar, "rank_table.json", plan.rank_table.encode())
         if plan.script:
-            add(Path(plan.script).name, Path(plan.script).read_bytes())
+            add_file(tar, Path(plan.script).name, Path(plan.script).read_bytes())
         if plan.workdir:
             with tarfile.open(Path(plan.run_dir.removesuffix("/preflight")) / WORKDIR_ARCHIVE) as project:
                 for member in project.getmembers():

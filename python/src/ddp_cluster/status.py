@@ -133,11 +133,6 @@ class Status:
         data["restarts"] = [dict(item) for item in self.restarts]
         return data
 
-    @property
-    def started(self) -> float:
-        """When the supervisor started (epoch seconds)."""
-        return self.updated - self.elapsed if self.updated else 0.0
-
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
 

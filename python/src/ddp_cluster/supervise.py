@@ -48,6 +48,7 @@ from ddp_cluster import job as jobspec
 from ddp_cluster.atomic import write_atomic
 from ddp_cluster.job import JobSpec
 from ddp_cluster.liveness import FANOUT, Watch, probe_verdict
+from ddp_cluster.plan import add_file
 from ddp_cluster.results import find_mpirun_log, mpirun_log
 from ddp_cluster.status import Status
 
@@ -456,9 +457,7 @@ class Supervisor:
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
             for name, data in files.items():
-                info = tarfile.TarInfo(name)
-                info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-                tar.addfile(info, io.BytesIO(data))
+                add_file(tar, name, data)
         return buffer.getvalue()
 
     def note_training_again(self) -> None:
