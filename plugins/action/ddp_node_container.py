@@ -26,7 +26,7 @@ site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 from ddp_cluster.atomic import write_atomic
 
 SSHD_KEYS = re.compile(r"^(port|passwordauthentication|kbdinteractiveauthentication|permitrootlogin) ")
-PROBE = re.compile(r"^ddp-node ([a-z-]+): ?(.*)$")
+PROBE = re.compile(r"^ddp-node ([a-z0-9-]+): ?(.*)$")
 
 
 def expected_sshd(port: int) -> list[str]:
@@ -49,6 +49,25 @@ def record_of(lines: list[str], base: dict[str, Any]) -> dict[str, Any]:
         "workspace": base["workspace"],
         "container_workspace": base["container_workspace"],
     }
+
+
+def host_keys(lines: list[str]) -> dict[str, str]:
+    """The node's host keys by type (ed25519: 'ssh-ed25519 AAAA...'), from the probe's host-key-TYPE lines."""
+    keys = {}
+    for match in filter(None, map(PROBE.match, lines)):
+        if match.group(1).startswith("host-key-") and match.group(2):
+            keys[match.group(1).removeprefix("host-key-")] = match.group(2)
+    return keys
+
+
+def files_of(lines: list[str]) -> dict[str, dict[str, Any]]:
+    """The reported files' sha256 and mode ({path: {sha256, mode}}), from the probe's file lines."""
+    files: dict[str, dict[str, Any]] = {}
+    for match in filter(None, map(PROBE.match, lines)):
+        digest, mode, path = [*match.group(2).split(" ", 2), "", ""][:3]
+        if match.group(1) == "file" and path:
+            files[path] = {"sha256": digest, "mode": int(mode, 8)}
+    return files
 
 
 def write_record(path: str, content: str) -> None:
@@ -85,6 +104,7 @@ class ActionModule(ActionBase):
                 f"password login off, root by key only): it lacks {missing}; `sshd -T` says "
                 f"{[line for line in lines if SSHD_KEYS.match(line)]}"
             )
+        result["ansible_facts"] = {"ddp_node_host_keys": host_keys(lines), "ddp_node_files": files_of(lines)}
         content = json.dumps(record_of(lines, record), indent=4, sort_keys=True) + "\n"
         try:
             with open(record["path"], encoding="utf-8") as handle:

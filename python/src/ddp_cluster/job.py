@@ -23,6 +23,11 @@ from typing import Any
 
 from ddp_cluster import results
 
+# Open MPI's daemon wire-up (launch_argv): ssh sessions mpirun keeps in flight, and the fan-out of each level
+# of the daemons' tree.
+WIREUP_CONCURRENT = 128
+WIREUP_RADIX = 64
+
 LAUNCHERS = ("mpirun", "torchrun", "torch_npu_run")
 KINDS = ("train", "check", "preflight")
 # The collective backend that goes with a device.
@@ -242,6 +247,19 @@ class JobSpec:
         argv += ["--mca", "oob_tcp_if_include", included, "--mca", "orte_abort_on_non_zero_status", "1"]
         if self.launcher_ports:
             argv += ["--mca", "oob_tcp_static_ipv4_ports", self.launcher_ports]
+        # The daemons' wire-up, as Open MPI 4.1 does it by default, pinned against a site's
+        # openmpi-mca-params.conf: mpirun starts its direct children over ssh, WIREUP_CONCURRENT at a time,
+        # and each daemon starts its own children (tree spawn; every node may ssh to every other: the mesh),
+        # WIREUP_RADIX per level, so 1152 nodes are two levels deep (docs/SCALE.md).
+        argv += [
+            "--mca",
+            "plm_rsh_no_tree_spawn",
+            "0",
+            "--mca",
+            "plm_rsh_num_concurrent",
+            str(WIREUP_CONCURRENT),
+        ]
+        argv += ["--mca", "routed_radix", str(WIREUP_RADIX)]
         argv += ["--output-filename", f"{self.job_dir}/{results.LOGS}", "--merge-stderr-to-stdout"]
         argv += ["--wdir", self.working_directory()]
         argv += ["-x", "PATH", "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]

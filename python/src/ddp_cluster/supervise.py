@@ -52,6 +52,11 @@ from ddp_cluster.plan import add_file
 from ddp_cluster.results import find_mpirun_log, mpirun_log
 from ddp_cluster.status import Status
 
+# ssh sessions the supervisor keeps in flight to the other nodes (hand-out, probes, stop sweeps), and the
+# grace between the TERM and the KILL sweep of a stop.
+POOL = 64
+STOP_GRACE = 3.0
+
 LAUNCHER_LOG = "launcher.log"
 # The job's files, unpacked on every node before the launcher starts (see Supervisor.distribute).
 BUNDLE = jobspec.BUNDLE_FILE
@@ -256,7 +261,9 @@ class Supervisor:
             ran_on=self.nodes,
             max_restarts=self.spec.max_restarts,
         )
-        with ThreadPoolExecutor(max_workers=min(16, max(1, len(self.nodes) + len(self.spec.spares)))) as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(POOL, max(1, len(self.nodes) + len(self.spec.spares)))
+        ) as pool:
             bundle = self.job_dir / BUNDLE
             others = [node for node in self.nodes if node != self.me]
             failure = self.distribute(pool, others, bundle.read_bytes() if bundle.is_file() else b"")
@@ -562,8 +569,17 @@ class Supervisor:
                 process.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 continue
-        kill = f"pkill -TERM -f -- '{self.pattern()}'; sleep 3; pkill -KILL -f -- '{self.pattern()}'; true"
-        list(pool.map(lambda node: self.on_node(node, kill), self.nodes))
+        # One TERM sweep of every node, one grace period for all, then a KILL sweep of the nodes where
+        # something was left: the grace is paid once (not once per node, pool threads at a time), and not at
+        # all when nothing was left.
+        term = f"pkill -TERM -f -- '{self.pattern()}' && echo left; true"
+        found = pool.map(lambda node: self.on_node(node, term), self.nodes)
+        left = [node for node, out in zip(self.nodes, found, strict=True) if "left" in out]
+        if left:
+            time.sleep(STOP_GRACE)
+            list(
+                pool.map(lambda node: self.on_node(node, f"pkill -KILL -f -- '{self.pattern()}'; true"), left)
+            )
 
     def leftover(self, pool: ThreadPoolExecutor, nodes: Sequence[str] | None = None) -> dict[str, str]:
         nodes = list(self.nodes if nodes is None else nodes)

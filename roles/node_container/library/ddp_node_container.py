@@ -39,9 +39,9 @@ options:
     type: dict
     required: true
   sshd:
-    description: C(port), C(timeout) (seconds) and C(probe) (a shell script run with the port as $0; it
-    exits 0
-      once sshd is ready and prints C(sshd -T)'s lines and C(ddp-node KEY: VALUE) lines).
+    description: C(port), C(timeout) (seconds), C(files) and C(probe) (a shell script run with the port as
+      $0 and the files as its arguments; it exits 0 once sshd is ready and prints C(sshd -T)'s lines and
+      C(ddp-node KEY: VALUE) lines).
     type: dict
     required: true
 """
@@ -246,8 +246,9 @@ def wait_for_sshd(name: str, sshd: dict[str, Any]) -> tuple[list[str], str]:
     deadline = time.monotonic() + float(sshd["timeout"])
     why = ""
     while True:
+        files = [str(path) for path in sshd.get("files") or []]
         done = docker(
-            "exec", name, "/bin/sh", "-c", sshd["probe"], str(sshd["port"]), check=False, timeout=30
+            "exec", name, "/bin/sh", "-c", sshd["probe"], str(sshd["port"]), *files, check=False, timeout=30
         )
         if done.returncode == 0:
             return done.stdout.splitlines(), ""
