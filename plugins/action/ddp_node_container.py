@@ -104,7 +104,11 @@ class ActionModule(ActionBase):
                 f"password login off, root by key only): it lacks {missing}; `sshd -T` says "
                 f"{[line for line in lines if SSHD_KEYS.match(line)]}"
             )
-        result["ansible_facts"] = {"ddp_node_host_keys": host_keys(lines), "ddp_node_files": files_of(lines)}
+        result["ansible_facts"] = {
+            "ddp_node_host_keys": host_keys(lines),
+            "ddp_node_files": files_of(lines),
+            "ddp_node_changed": bool(result.get("container_changed")),
+        }
         content = json.dumps(record_of(lines, record), indent=4, sort_keys=True) + "\n"
         try:
             with open(record["path"], encoding="utf-8") as handle:

@@ -280,10 +280,17 @@ def main() -> None:
         actions += settings_file(params["settings"], check, diff)
         done, running = container(params["container"], check, diff)
         actions += done
+        container_changed = bool(done)
         lines, why = wait_for_sshd(params["container"]["name"], params["sshd"]) if running else ([], "")
     except Failure as error:
         module.fail_json(msg=f"{params['container'].get('name', '?')}: {error}")
-    result: dict[str, Any] = {"changed": bool(actions), "actions": actions, "sshd": lines, "sshd_error": why}
+    result: dict[str, Any] = {
+        "changed": bool(actions),
+        "actions": actions,
+        "container_changed": container_changed,
+        "sshd": lines,
+        "sshd_error": why,
+    }
     if module._diff and actions:
         result["diff"] = diff
     module.exit_json(**result)
