@@ -38,34 +38,35 @@ def expected_sshd(port: int) -> list[str]:
     ]
 
 
-def record_of(lines: list[str], base: dict[str, Any]) -> dict[str, Any]:
-    probe: dict[str, str] = {}
-    for match in filter(None, map(PROBE.match, lines)):
-        probe[match.group(1)] = match.group(2)
+def probe_lines(lines: list[str]) -> list[tuple[str, str]]:
+    """The probe's ``ddp-node KEY: VALUE`` lines as (key, value), in order."""
+    return [(match.group(1), match.group(2)) for match in filter(None, map(PROBE.match, lines))]
+
+
+def record_of(probe: list[tuple[str, str]], base: dict[str, Any]) -> dict[str, Any]:
+    values = dict(probe)
     return {
-        "interface": probe.get("interface", ""),
-        "address": probe.get("address", ""),
-        "cpu_binding": probe.get("cpu-binding", ""),
+        "interface": values.get("interface", ""),
+        "address": values.get("address", ""),
+        "cpu_binding": values.get("cpu-binding", ""),
         "workspace": base["workspace"],
         "container_workspace": base["container_workspace"],
     }
 
 
-def host_keys(lines: list[str]) -> dict[str, str]:
-    """The node's host keys by type (ed25519: 'ssh-ed25519 AAAA...'), from the probe's host-key-TYPE lines."""
-    keys = {}
-    for match in filter(None, map(PROBE.match, lines)):
-        if match.group(1).startswith("host-key-") and match.group(2):
-            keys[match.group(1).removeprefix("host-key-")] = match.group(2)
-    return keys
+def host_keys(probe: list[tuple[str, str]]) -> dict[str, str]:
+    """The node's host keys by type (ed25519: 'ssh-ed25519 AAAA...'), from the host-key-TYPE lines."""
+    return {
+        key.removeprefix("host-key-"): value for key, value in probe if key.startswith("host-key-") and value
+    }
 
 
-def files_of(lines: list[str]) -> dict[str, dict[str, Any]]:
-    """The reported files' sha256 and mode ({path: {sha256, mode}}), from the probe's file lines."""
+def files_of(probe: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """The reported files' sha256 and mode ({path: {sha256, mode}}), from the file lines."""
     files: dict[str, dict[str, Any]] = {}
-    for match in filter(None, map(PROBE.match, lines)):
-        digest, mode, path = [*match.group(2).split(" ", 2), "", ""][:3]
-        if match.group(1) == "file" and path:
+    for key, value in probe:
+        digest, mode, path = [*value.split(" ", 2), "", ""][:3]
+        if key == "file" and path:
             files[path] = {"sha256": digest, "mode": int(mode, 8)}
     return files
 
@@ -104,12 +105,13 @@ class ActionModule(ActionBase):
                 f"password login off, root by key only): it lacks {missing}; `sshd -T` says "
                 f"{[line for line in lines if SSHD_KEYS.match(line)]}"
             )
+        probe = probe_lines(lines)
         result["ansible_facts"] = {
-            "ddp_node_host_keys": host_keys(lines),
-            "ddp_node_files": files_of(lines),
+            "ddp_node_host_keys": host_keys(probe),
+            "ddp_node_files": files_of(probe),
             "ddp_node_changed": bool(result.get("container_changed")),
         }
-        content = json.dumps(record_of(lines, record), indent=4, sort_keys=True) + "\n"
+        content = json.dumps(record_of(probe, record), indent=4, sort_keys=True) + "\n"
         try:
             with open(record["path"], encoding="utf-8") as handle:
                 before = handle.read()

@@ -14,7 +14,7 @@ description:
     created with the docker CLI only when it is missing or was created from another specification, started
     when stopped, then the module waits for sshd to listen on the cluster port and reads its effective
     configuration and the node's network (the lines of O(sshd.probe)).
-  - The container's specification (the image's id included) is kept in its label C(ddp-cluster.spec): a
+  - The container's specification (the image's id included) is kept in its label C(ddp-cluster.spec); a
     container whose label differs from the one asked for is removed and created again, so a new image, a
     changed volume or variable, or a container made by hand under the node's name is replaced, and an
     unchanged one is left running.
@@ -41,7 +41,7 @@ options:
   sshd:
     description: C(port), C(timeout) (seconds), C(files) and C(probe) (a shell script run with the port as
       $0 and the files as its arguments; it exits 0 once sshd is ready and prints C(sshd -T)'s lines and
-      C(ddp-node KEY: VALUE) lines).
+      one line per fact the action reads, C(ddp-node KEY), a colon, the value).
     type: dict
     required: true
 """
@@ -53,8 +53,7 @@ actions:
   returned: always
 sshd:
   description: The probe's output lines, once sshd answered (empty when it did not, or in check mode before
-  the
-    container exists).
+    the container exists).
   type: list
   returned: always
 """
@@ -74,6 +73,10 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 SPEC_LABEL = "ddp-cluster.spec"
 DOCKER_TIMEOUT = 120
+NO_DOCKER_CLI = (
+    "the docker CLI is not on this server's PATH: install it with the engine (docker-ce-cli, or Debian's "
+    "docker.io)"
+)
 
 
 class Failure(Exception):
@@ -86,10 +89,7 @@ def docker(
     try:
         done = subprocess.run(["docker", *args], capture_output=True, text=True, check=False, timeout=timeout)
     except FileNotFoundError as error:
-        raise Failure(
-            "the docker CLI is not on this server's PATH: install it with the engine (docker-ce-cli, or "
-            "Debian's docker.io)"
-        ) from error
+        raise Failure(NO_DOCKER_CLI) from error
     except subprocess.TimeoutExpired as error:
         raise Failure(f"`docker {' '.join(args[:2])}` did not answer within {timeout:.0f} s") from error
     if check and done.returncode != 0:
@@ -245,8 +245,8 @@ def wait_for_sshd(name: str, sshd: dict[str, Any]) -> tuple[list[str], str]:
     """The probe's lines once it exits 0 within the timeout; else ([], why)."""
     deadline = time.monotonic() + float(sshd["timeout"])
     why = ""
+    files = [str(path) for path in sshd.get("files") or []]
     while True:
-        files = [str(path) for path in sshd.get("files") or []]
         done = docker(
             "exec", name, "/bin/sh", "-c", sshd["probe"], str(sshd["port"]), *files, check=False, timeout=30
         )
@@ -272,10 +272,7 @@ def main() -> None:
     diff: dict[str, Any] = {"before": {}, "after": {}}
     try:
         if shutil.which("docker") is None:
-            raise Failure(
-                "the docker CLI is not on this server's PATH: install it with the engine (docker-ce-cli, or "
-                "Debian's docker.io)"
-            )
+            raise Failure(NO_DOCKER_CLI)
         actions = directories(params["directories"], check)
         actions += settings_file(params["settings"], check, diff)
         done, running = container(params["container"], check, diff)
