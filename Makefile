@@ -11,7 +11,12 @@ BIN := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 export ANSIBLE_FORCE_COLOR ?= false
 export PY_COLORS ?= 0
-BASE_IMAGE ?= ddp-cluster/base:bookworm
+# The base image make base-image builds when missing: BASE_IMAGE, else the one the inventory names where
+# ANSIBLE_INVENTORY picks one (a CANN or NGC base: nothing is built, the image stage uses or pulls it), else the
+# local inventory's.
+ifeq ($(origin BASE_IMAGE),undefined)
+BASE_IMAGE := $(or $(if $(ANSIBLE_INVENTORY),$(shell scripts/inventory-base-image.sh)),ddp-cluster/base:bookworm)
+endif
 NODES ?= 2
 TORCH_VERSION ?= 2.13.0
 MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))

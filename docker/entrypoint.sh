@@ -26,6 +26,9 @@ for type in $types; do
 done
 mkdir -p /run/sshd /etc/ssh/sshd_config.d
 printf 'Port %s\nListenAddress %s\n%s' "$port" "$listen" "$host_keys" > /etc/ssh/sshd_config.d/10-ddp-cluster.conf
-/usr/sbin/sshd -t || { echo "ddp-node: sshd configuration is invalid (sshd -t above)" >&2; exit 78; }
+# The sshd the image build found (on PATH, or the distributions' /usr/sbin): sshd re-executes itself, so by its
+# absolute path.
+sshd=$(command -v sshd 2>/dev/null || echo /usr/sbin/sshd)
+"$sshd" -t || { echo "ddp-node: sshd configuration is invalid ($sshd -t above)" >&2; exit 78; }
 echo "ddp-node: sshd on $listen:$port"
-exec /usr/sbin/sshd -D -e
+exec "$sshd" -D -e

@@ -138,6 +138,28 @@ def test_a_base_the_registry_lacks_stops_the_stage_naming_it(tmp_path: Path) -> 
     assert node_images() == before
 
 
+def test_site_stops_in_preflight_on_a_base_it_cannot_have_before_any_stage_changes_anything(
+    tmp_path: Path,
+) -> None:
+    before = node_images()
+    with registry(tmp_path) as host:
+        base = f"{host}/nvidia/pytorch:26.10-py3"
+        result = run_playbook(
+            "site.yml", extravars={"cluster_base_image": base, "training_image_name": NODE_IMAGE}
+        )
+    assert_stopped_naming(result, base, f"the registry {host} has no such image")
+    # The stop is preflight's: no later play (hosts, image, containers, mesh) started.
+    assert "PLAY [Validate the inventory and settings before anything changes]" in result.stdout
+    for later in (
+        "Prepare the hosts",
+        "Build the node image once",
+        "Start one node container",
+        "Wire passwordless",
+    ):
+        assert f"PLAY [{later}" not in result.stdout, later
+    assert node_images() == before
+
+
 def test_a_base_behind_a_login_names_docker_login_then_pulls_after_it(tmp_path: Path) -> None:
     pusher, user, stranger = tmp_path / "pusher", tmp_path / "user", tmp_path / "stranger"
     for config in (pusher, user, stranger):

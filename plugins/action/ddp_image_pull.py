@@ -29,9 +29,20 @@ from ddp_cluster.baseimage import pull_failure
 display = Display()
 
 
+def engine_env() -> dict[str, str]:
+    """The engine the build uses (DOCKER_HOST, else the default socket), not another docker context's: asked
+    and pulled onto alike."""
+    return {**os.environ, "NO_COLOR": "1"} | (
+        {} if os.environ.get("DOCKER_HOST") else {"DOCKER_CONTEXT": "default"}
+    )
+
+
 def present(name: str) -> bool:
     return (
-        subprocess.run(["docker", "image", "inspect", name], capture_output=True, check=False).returncode == 0
+        subprocess.run(
+            ["docker", "image", "inspect", name], capture_output=True, check=False, env=engine_env()
+        ).returncode
+        == 0
     )
 
 
@@ -90,12 +101,8 @@ class ActionModule(ActionBase):
         layers = Layers()
         said: list[str] = []
         timed_out = False
-        # The engine the build uses (DOCKER_HOST, else the default socket), not another docker context's.
-        env = {**os.environ, "NO_COLOR": "1"} | (
-            {} if os.environ.get("DOCKER_HOST") else {"DOCKER_CONTEXT": "default"}
-        )
         with subprocess.Popen(
-            ["docker", "pull", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
+            ["docker", "pull", name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=engine_env()
         ) as pull:
             assert pull.stdout is not None
             shown, pending, ended = started, b"", False

@@ -282,3 +282,21 @@ def test_registry_and_pull_failures_are_said_for_the_user() -> None:
     assert "has no such image" in said
     said = pull_failure("nvcr.io/nvidia/pytorch:26.10-py3", "", True, 3600)
     assert "did not finish within training_image_pull_timeout (3600 s)" in said
+
+
+def test_a_base_python_first_on_path_that_cannot_make_venvs_is_refused_not_doubled_from_apt() -> None:
+    # CANN-like: its own Python under /usr/local first on PATH, built without ensurepip; apt is there.
+    no_venv = read_probe("mine:4", probe_text({}) + "tool: sshd\nmissing: python3\n")
+    (said,) = check(no_venv)
+    assert said.startswith(
+        "the base image mine:4 puts /usr/local/python3.11.2/bin/python3 (Python 3.11.2) first on PATH, "
+        "and it cannot make venvs"
+    )
+    assert "never a second one from the package manager" in said
+    # The distribution's own python3 without its venv package: apt's python3-venv completes that same Python.
+    distro = read_probe(
+        "mine:5",
+        probe_text({}).replace("/usr/local/python3.11.2/bin/python3", "/usr/bin/python3")
+        + "missing: python3\n",
+    )
+    assert check(distro) == []

@@ -368,9 +368,12 @@ def test_unknown_tool(tmp_path: Path, fakes: Path, tools: Path) -> None:
     assert (result.returncode, calls) == (2, [])
 
 
-def make_dry_run(*targets: str) -> str:
+def make_dry_run(*targets: str, env: dict[str, str] | None = None) -> str:
     """The recipes make would run (make -n runs none of them)."""
-    env = os.environ | {"MAKEFLAGS": ""}
+    env = {key: value for key, value in os.environ.items() if key != "ANSIBLE_INVENTORY"} | {
+        "MAKEFLAGS": "",
+        **(env or {}),
+    }
     result = subprocess.run(
         ["make", "-n", "--no-print-directory", *targets],
         cwd=REPO,
@@ -392,4 +395,11 @@ def test_site_installs_no_registry_and_sim_targets_do() -> None:
 
 def test_debootstrap_only_for_the_project_base() -> None:
     assert "install-tool.sh debootstrap" not in make_dry_run("base-image", "BASE_IMAGE=debian:bookworm-slim")
+    # The inventory Ansible reads names the base: a GPU inventory on NGC's image builds no Debian base.
+    gpu = make_dry_run("site", env={"ANSIBLE_INVENTORY": "inventories/gpu-example"})
+    assert "debootstrap" not in gpu
+    assert "base image nvcr.io/nvidia/pytorch:25.12-py3: yours, used as found or pulled" in gpu
+    assert "install-tool.sh debootstrap" in make_dry_run(
+        "site", env={"ANSIBLE_INVENTORY": "inventories/local"}
+    )
     assert "debootstrap" not in make_dry_run("docker")

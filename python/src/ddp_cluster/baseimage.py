@@ -250,6 +250,16 @@ def problems(
             f"training_image_python_version is {python_version}, but the base image {base.image} runs Python "
             f"{base.python} ({base.executable}), which the node's venv is made with: leave the setting empty"
         )
+    distribution_python = base.executable.startswith(("/usr/bin/", "/bin/"))
+    if base.python and "python3" in base.missing and not distribution_python:
+        # A package manager's python3(-venv) would be a second interpreter beside the one the base puts first
+        # on PATH, and the venv is made with that one: it must make venvs itself.
+        found.append(
+            f"the base image {base.image} puts {base.executable} (Python {base.python}) first on PATH, and "
+            "it cannot make venvs (no ensurepip or venv module); the node's venv is made with the base's own "
+            "Python, never a second one from the package manager: use a base whose Python has them (Ascend's "
+            "CANN images' /usr/local/python3.x does), or add them to yours (build that Python with ensurepip)"
+        )
     if not base.manager and base.missing:
         found.append(
             f"the base image {base.image} has no package manager ({', '.join(MANAGERS)}) to install "
