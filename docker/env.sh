@@ -3,7 +3,7 @@
 if [ -z "${DDP_CLUSTER_ENV:-}" ]; then
   export DDP_CLUSTER_ENV=1
   # The base image's ENV, captured at build time: sshd's shells do not get it otherwise.
-  [ -r /etc/ddp-cluster/base.env ] && . /etc/ddp-cluster/base.env
+  if [ -r /etc/ddp-cluster/base.env ]; then . /etc/ddp-cluster/base.env; fi
   export PATH="/opt/venv/bin:$PATH"
   # OpenMPI from dnf/yum (openEuler, RHEL) lives outside PATH, where `module load mpi` would put it.
   if [ -x /usr/lib64/openmpi/bin/mpirun ]; then
@@ -12,5 +12,6 @@ if [ -z "${DDP_CLUSTER_ENV:-}" ]; then
   # Containers run as root; OpenMPI refuses that unless told.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   # Settings of this cluster and node (interface, accelerator variables), written by site.yml.
-  [ -r /etc/ddp-cluster/node/node.env ] && . /etc/ddp-cluster/node/node.env
+  # (an if, not &&: sourcing this file ends with status 0 where there is none yet, as in an image build)
+  if [ -r /etc/ddp-cluster/node/node.env ]; then . /etc/ddp-cluster/node/node.env; fi
 fi

@@ -80,3 +80,22 @@ def test_no_package_manager_and_something_missing_is_refused_naming_it() -> None
         "the base image lacks sshd" in done.stderr
         and "has no package manager (apt-get, dnf, yum)" in done.stderr
     )
+
+
+def test_openmpi_where_rpm_distributions_put_it_counts_and_the_node_environment_finds_it() -> None:
+    # openEuler's and RHEL's openmpi package: mpirun under /usr/lib64/openmpi/bin, not on PATH.
+    ready = subprocess.run(
+        ["docker", "build", "-q", "-t", READY, "-"], input=READY_DOCKERFILE, capture_output=True, text=True
+    )
+    assert ready.returncode == 0, ready.stderr
+    env_sh = REPO / "docker" / "env.sh"
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "-v", f"{SCRIPT}:/install.sh:ro",
+         "-v", f"{env_sh}:/env.sh:ro", READY, "sh", "-c",
+         "mkdir -p /usr/lib64/openmpi/bin && mv \"$(command -v mpirun)\" /usr/lib64/openmpi/bin/mpirun"
+         " && ! command -v mpirun >/dev/null && DDP_REPORT=1 sh /install.sh | grep mpirun"
+         " && . /env.sh && command -v mpirun"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["tool:", "mpirun", "/usr/lib64/openmpi/bin/mpirun"]
