@@ -155,6 +155,26 @@ def test_a_code_change_is_built_on_the_server_and_reaches_the_other(
     assert_nothing_left()
 
 
+def test_a_base_the_build_server_cannot_pull_stops_site_in_preflight_naming_the_server(
+    built_on_server: PlaybookResult, no_docker: dict[str, str]
+) -> None:
+    base = "127.0.0.1:1/ascend/cann:8.2.rc1-910b-ubuntu22.04-py3.11"  # nothing listens there on the server
+    containers = {server: node_image(server) for server in SERVERS}
+    result = site(no_docker, cluster_image_builder="server", cluster_base_image=base)
+    flat = " ".join(result.stdout.split())
+    assert result.rc != 0
+    assert (
+        f"sim-server0 (the build server, cluster_image_build_host): the base image {base} is not on the "
+        "engine that builds and could not be pulled: the registry 127.0.0.1:1 could not be reached"
+    ) in flat, flat[-3000:]
+    assert "docker load -i" in flat
+    # Preflight's stop: the hosts stage never ran, nothing of that name on the server, no pull file left.
+    assert "PLAY [Prepare the hosts" not in result.stdout
+    assert on_server("sim-server0", f"docker image inspect {base} >/dev/null", check=False).returncode != 0
+    assert on_server("sim-server0", "ls /var/tmp/ddp-pull.* 2>/dev/null || true").stdout == ""
+    assert {server: node_image(server) for server in SERVERS} == containers
+
+
 def test_the_build_servers_engine_stopped_fails_the_stage_naming_it(
     built_on_server: PlaybookResult, no_docker: dict[str, str]
 ) -> None:
