@@ -181,9 +181,10 @@ class ActionModule(ActionBase):
         self, name: str, timeout: int, every: float, layers: Layers, started: float
     ) -> tuple[int, list[str], bool]:
         # setsid: the pull outlives this command's session; its end is written to the file as "exit: N" (124:
-        # timeout stopped it).
+        # timeout stopped it). HUP ignored before the fork: over ssh (a pty) the session's end sends it to the
+        # shell's process group, which the child is still in until setsid runs.
         started_on = self._shell(
-            "log=$(mktemp /var/tmp/ddp-pull.XXXXXX) || exit 1; "
+            "trap '' HUP; log=$(mktemp /var/tmp/ddp-pull.XXXXXX) || exit 1; "
             f'setsid sh -c \'timeout {timeout} docker pull "$0" >"$1" 2>&1; echo "exit: $?" >>"$1"\' '
             f'{shlex.quote(name)} "$log" </dev/null >/dev/null 2>&1 & echo "$log"'
         )
