@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
@@ -95,13 +96,13 @@ class ActionModule(ActionBase):
         name = str(self._task.args["name"])
         timeout = int(self._task.args.get("timeout", 3600))
         every = float(self._task.args.get("every", 15))
-        remote = bool(self._task.args.get("remote", False))
+        remote = boolean(self._task.args.get("remote", False), strict=True)
         where = str(self._task.args.get("where", ""))
         there = self._remote_present if remote else present
         if there(name):
             result.update(changed=False, present=True, msg=f"{name} is present")
             return result
-        if not self._task.args.get("pull", True):
+        if not boolean(self._task.args.get("pull", True), strict=True):
             result.update(changed=False, present=False, msg=f"{name} is not present")
             return result
         if self._task.check_mode:
