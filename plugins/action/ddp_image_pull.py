@@ -119,8 +119,8 @@ class ActionModule(ActionBase):
         else:
             returncode, said, timed_out = self._pull_here(name, timeout, every, layers, started)
         if there(name) and (returncode == 0 or timed_out):
-            display.display(f"base image {name}: pulled in {time.monotonic() - started:.1f} s")
             seconds = round(time.monotonic() - started, 1)
+            display.display(f"base image {name}: pulled in {seconds:.1f} s")
             result.update(changed=True, present=True, pulled=True, msg=f"pulled {name}", seconds=seconds)
             return result
         reason = pull_failure(name, "\n".join(said), timed_out, timeout)

@@ -76,14 +76,6 @@ def ddp_image_builder(
     return {**choice.as_dict(), "error": ""}
 
 
-def ddp_pull_failure(image: Any, output: Any, timed_out: Any, timeout: Any) -> str:
-    """Why a build server's ``docker pull`` of the base image failed, and what to do (as on the
-    controller)."""
-    return baseimage.pull_failure(
-        str(image), str(output or ""), str(timed_out).lower() == "true", int(timeout)
-    )
-
-
 def ddp_docker_arch(name: Any) -> str:
     """Docker's name of an architecture (amd64, arm64) from Docker's or uname's (x86_64, aarch64)."""
     return builder.arch(str(name or ""))
@@ -95,6 +87,5 @@ class FilterModule:
             "ddp_base_image": ddp_base_image,
             "ddp_base_problems": ddp_base_problems,
             "ddp_image_builder": ddp_image_builder,
-            "ddp_pull_failure": ddp_pull_failure,
             "ddp_docker_arch": ddp_docker_arch,
         }
