@@ -26,7 +26,7 @@ MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard mol
 help:
 	@echo "make demo    set up this machine and run site.yml, then train.yml -e nodes=$(NODES), on the local cluster"
 	@echo "make test    lint, unit tests, molecule scenarios and end-to-end tests"
-	@echo "make lint    yamllint, ansible-lint, ruff, mypy"
+	@echo "make lint    yamllint, ansible-lint, ruff, mypy, import-linter (the package's layering)"
 	@echo "make bench   benchmarks (figures, not tests)"
 	@echo "make clean   remove the local cluster's containers, network and state"
 	@echo "make venv    .venv with the pinned Ansible, on Python 3.11-3.13 (PYTHON=... picks the interpreter)"
@@ -88,6 +88,7 @@ lint: test-deps
 	ruff check . && ruff format --check .
 	cd python && mypy
 	mypy --config-file mypy.ini
+	lint-imports
 
 # The package's tests, then the playbooks' pieces that need no engine and no cluster (tests/unit: filters,
 # modules, the controller's scripts, the roles' specs).

@@ -2,7 +2,8 @@
 is named, with the node killed one level down the tree (a child of the first node) and two levels down.
 
 For each case: site.yml brings the local cluster to --nodes nodes, train.yml starts a long synthetic job, and
-once every rank trains, node0's ssh sessions of the watch are counted (``ssh ... ddp_cluster.liveness``,
+once every rank trains, node0's ssh sessions of the watch are counted (``ssh ...
+ddp_cluster.supervisor.liveness``,
 sampled for --sample seconds) next to what the earlier design needed (one ssh login to every other node every
 3 s), then the node is killed (docker kill) and the time until train.yml fails naming it is measured. Target:
 named within 60 s; node0's sessions do not grow with the node count.
@@ -23,13 +24,15 @@ from pathlib import Path
 from common import PLAYBOOK, REPO, docker, playbook, table
 
 sys.path.insert(0, str(REPO / "python" / "src"))
-from ddp_cluster.liveness import children, depth
+from ddp_cluster.supervisor.liveness import children, depth
 
 JOB_ARGS = "--dataset synthetic --synthetic-samples 400000 --epochs 50 --batch-size 64 --log-every 50"
 
 
 def sessions_on_node0() -> int:
-    out = docker("exec", "node0", "pgrep", "-c", "-f", "^ssh .*ddp_cluster.liveness", check=False).strip()
+    out = docker(
+        "exec", "node0", "pgrep", "-c", "-f", "^ssh .*ddp_cluster.supervisor.liveness", check=False
+    ).strip()
     return int(out or 0)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Throughput of ``python -m ddp_cluster.train`` against a minimal hand-written DDP loop.
 
-Both train the same model (``ddp_cluster.models.build_model``) on the same seeded synthetic
+Both train the same model (``ddp_cluster.runtime.models.build_model``) on the same seeded synthetic
 data with the same per-process batch, optimizer and data pipeline (DistributedSampler, one
 tensor index per batch), on gloo/cpu, for 1 and 2 processes started with torchrun's
 variables, each run in fresh processes. The runs alternate, and the order of the two flips
@@ -82,10 +82,10 @@ def hand_written_worker(args: argparse.Namespace) -> None:
 
 
 def same_data_and_model(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The data and the initial model that ddp_cluster.train builds for these flags."""
-    from ddp_cluster.data import load_dataset
-    from ddp_cluster.models import build_model
-    from ddp_cluster.train import seed_everything
+    """The data and the initial model that ddp_cluster.runtime.train builds for these flags."""
+    from ddp_cluster.runtime.data import load_dataset
+    from ddp_cluster.runtime.models import build_model
+    from ddp_cluster.runtime.train import seed_everything
 
     data = load_dataset(
         "synthetic",
@@ -143,7 +143,7 @@ Figures = tuple[float, float]  # samples per second of wall time, per CPU second
 
 def measure_ddp_cluster(args: argparse.Namespace, nproc: int, scratch: Path) -> Figures:
     out = Path(tempfile.mkdtemp(dir=scratch))
-    command = [sys.executable, "-m", "ddp_cluster.train", "--dataset", "synthetic"]
+    command = [sys.executable, "-m", "ddp_cluster.runtime.train", "--dataset", "synthetic"]
     command += ["--output-dir", str(out), "--log-every", str(args.log_every)]
     launch([*command, *common_flags(args)], nproc, args.timeout)
     summary = json.loads((out / "summary.json").read_text())
@@ -177,7 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--batch-size", type=int, default=64, help="per process")
     add("--lr", type=float, default=0.05)
     add("--seed", type=int, default=0)
-    add("--log-every", type=int, default=10, help="ddp_cluster.train's --log-every")
+    add("--log-every", type=int, default=10, help="ddp_cluster.runtime.train's --log-every")
     add("--timeout", type=float, default=300, help="seconds per run")
     add("--json", type=Path, help="also write the raw figures here")
     add("--hand-written-worker", action="store_true", help=argparse.SUPPRESS)

@@ -64,7 +64,7 @@ def test_environment_reaches_non_interactive_ssh(local_cluster: PlaybookResult) 
         "node0", "ssh node1 'command -v python; echo $GLOO_SOCKET_IFNAME; echo $DDP_NODE_NAME'"
     ).stdout
     assert out.split() == ["/opt/venv/bin/python", "eth0", "node1"]
-    assert node_exec("node0", "ssh node1 \"python -c 'import ddp_cluster.train'\"").returncode == 0
+    assert node_exec("node0", "ssh node1 \"python -c 'import ddp_cluster.runtime.train'\"").returncode == 0
 
 
 def test_password_login_is_off(local_cluster: PlaybookResult) -> None:

@@ -10,7 +10,7 @@ connection, so the same progress lines show; the file is removed at the end. ``p
 project's own base, which the image stage makes with debootstrap).
 
 On failure it says why (not found, unauthorized: ``docker login REGISTRY``, timed out, unreachable) with
-``ddp_cluster.baseimage.pull_failure``, and it leaves no image of that name: a pull that did not finish
+``ddp_cluster.image.base.pull_failure``, and it leaves no image of that name: a pull that did not finish
 never tags one. In check mode it only says that it would pull.
 """
 
@@ -33,7 +33,7 @@ from ansible.utils.display import Display
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster.baseimage import pull_failure
+from ddp_cluster.image.base import pull_failure
 
 display = Display()
 

@@ -1,4 +1,5 @@
-"""Action ``ddp_job_plan``: plan a job on the controller with :func:`ddp_cluster.plan.make_plan` (one call).
+"""Action ``ddp_job_plan``: plan a job on the controller with :func:`ddp_cluster.job.plan.make_plan`
+(one call).
 
 Takes the ``ddp_job`` role's variables as Ansible resolved them (train.yml's extra vars through the role's
 defaults), the role's argument_specs (their types and choices), the inventory's nodes and what site.yml
@@ -24,7 +25,7 @@ from ansible.utils.display import Display
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster import plan as planning
+from ddp_cluster.job import plan as planning
 
 display = Display()
 PREFIX = planning.PREFIX

@@ -1,5 +1,5 @@
 """Action ``ddp_job_report``: ``ddp-cluster report RUN_DIR`` on the controller
-(:func:`ddp_cluster.jobreport.report`) for a job whose nodes' archives were fetched, printed as its lines;
+(:func:`ddp_cluster.job.report.report`) for a job whose nodes' archives were fetched, printed as its lines;
 fails with the report's one-line failure.
 
 Run once, on the controller (``delegate_to: localhost``, ``delegate_facts: true``): a preflight gate that
@@ -21,7 +21,7 @@ from ansible.utils.display import Display
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster import jobreport
+from ddp_cluster.job import report as jobreport
 
 display = Display()
 

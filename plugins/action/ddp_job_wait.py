@@ -4,7 +4,7 @@ within a bound.
 On the first node's server (its own connection; no module): the job's files (job.tar.gz, and the checkpoint
 to resume from) go into the job's directory; the supervisor starts detached in the node container (``python
 -m ddp_cluster.supervise``: it gives every other node the files, runs the launcher, watches every node); then
-its status.json (:class:`ddp_cluster.status.Status`) is read every ``poll`` seconds and a line printed
+its status.json (:class:`ddp_cluster.job.status.Status`) is read every ``poll`` seconds and a line printed
 whenever the progress changes. The supervisor enforces job_timeout itself; when this action's own bound
 (job_timeout + 90 s) passes, it stops the supervisor (which stops every rank) and waits for its last word.
 The last status read is returned and written to runs/<id>/status.json on the controller.
@@ -16,7 +16,8 @@ status to its end (a job that already ended is just collected). A restart the su
 happens.
 
 Ctrl-C: the ``ddp_job_interrupt`` callback (in the playbook's own process, where Ansible receives SIGINT)
-leaves a file named after that process (:func:`ddp_cluster.jobs.interrupt_file`); the wait sees it at its
+leaves a file named after that process (:func:`ddp_cluster.supervisor.jobs.interrupt_file`); the wait sees
+it at its
 next poll, asks the supervisor to stop the job on every node (SIGUSR1, with the reason), waits for its last
 word and returns it, so the results are collected and the report says the job was interrupted. A second
 Ctrl-C is Ansible's own (it leaves at once; the supervisor still stops the job it was told to stop).
@@ -42,10 +43,10 @@ from ansible.utils.display import Display
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster import status as job_status
-from ddp_cluster.atomic import write_atomic
-from ddp_cluster.job import BUNDLE_FILE
-from ddp_cluster.jobs import interrupt_file
+from ddp_cluster.files import write_atomic
+from ddp_cluster.job import status as job_status
+from ddp_cluster.job.spec import BUNDLE_FILE
+from ddp_cluster.supervisor.jobs import interrupt_file
 
 display = Display()
 # Seconds past job_timeout before the controller stops a job whose supervisor did not end it; and to wait for
@@ -265,4 +266,4 @@ class ActionModule(ActionBase):
 
 def supervisor_pattern(job_dir: str) -> str:
     """pkill's pattern of the job's supervisor (its command line ends with --job-dir JOB)."""
-    return f"ddp_cluster.supervise --job-dir {job_dir}$"
+    return f"ddp_cluster.supervisor.loop --job-dir {job_dir}$"

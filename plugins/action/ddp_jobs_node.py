@@ -1,8 +1,9 @@
 """Action ``ddp_jobs_node``: what one node knows of the cluster's jobs (jobs.yml), and with ``stop`` a job
 stopped there first.
 
-One command on the node's server: ``docker exec NODE python -m ddp_cluster.jobs`` (see
-:mod:`ddp_cluster.jobs`), whose JSON comes back as ``report``. A node whose container does not answer is not
+One command on the node's server: ``docker exec NODE python -m ddp_cluster.supervisor.jobs`` (see
+:mod:`ddp_cluster.supervisor.jobs`), whose JSON comes back as ``report``. A node whose container does not
+answer is not
 a failure: its ``down`` says why, and the list shows it.
 
     - ddp_jobs_node:
@@ -42,7 +43,8 @@ class ActionModule(ActionBase):
             workspace = str(record.get("container_workspace") or workspace)
         except (OSError, ValueError):
             pass
-        command = f". /etc/ddp-cluster/env.sh && exec python -m ddp_cluster.jobs --jobs-dir {workspace}/jobs"
+        module = "ddp_cluster.supervisor.jobs"
+        command = f". /etc/ddp-cluster/env.sh && exec python -m {module} --jobs-dir {workspace}/jobs"
         if stop:
             reason = str(self._task.args.get("reason") or f"stopped with jobs.yml -e stop={stop}")
             command += f" --stop {shlex.quote(stop)} --reason {shlex.quote(reason)}"

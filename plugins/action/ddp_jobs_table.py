@@ -1,5 +1,5 @@
 """Action ``ddp_jobs_table``: print the cluster's jobs and nodes (jobs.yml), from every node's
-``ddp_jobs_node`` result (:func:`ddp_cluster.jobs.table`). Runs once, on the controller.
+``ddp_jobs_node`` result (:func:`ddp_cluster.supervisor.jobs.table`). Runs once, on the controller.
 
     - ddp_jobs_table:
         results: "{{ dict of node -> its ddp_jobs_node result }}"
@@ -18,7 +18,7 @@ from ansible.utils.display import Display
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster import jobs
+from ddp_cluster.supervisor import jobs
 
 display = Display()
 

@@ -23,7 +23,7 @@ from ansible.plugins.action import ActionBase
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster.atomic import write_atomic
+from ddp_cluster.files import write_atomic
 
 SSHD_KEYS = re.compile(r"^(port|passwordauthentication|kbdinteractiveauthentication|permitrootlogin) ")
 PROBE = re.compile(r"^ddp-node ([a-z0-9-]+): ?(.*)$")

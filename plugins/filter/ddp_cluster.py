@@ -12,7 +12,7 @@ Plans built from the inventory (every host of the group contributes one server):
 Per host, the inventory gives ``npu_host_ip`` (default: ``ansible_host``, else the inventory name) and
 either ``npu_device_ips`` (one address per device, device 0 first) or ``npu_device_ip_seed`` with
 ``npu_device_count`` (default 8), expanded as the vendor manuals lay addresses out (see
-``ddp_cluster.ipplan``).
+``ddp_cluster.ascend.ipplan``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ansible.errors import AnsibleFilterError
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster import hccn, ipplan
+from ddp_cluster.ascend import hccn, ipplan
 
 HOST_IP_VAR = "npu_host_ip"
 DEVICE_IPS_VAR = "npu_device_ips"
@@ -169,7 +169,7 @@ def violation_report(
 def hccn_device_settings(
     plan: Any, host: str, detect_ips: Any = None, gateways: Any = None
 ) -> list[dict[str, Any]]:
-    """What hccn_tool should set on each device of one host (see ddp_cluster.hccn.device_settings)."""
+    """What hccn_tool should set on each device of one host (see ddp_cluster.ascend.hccn.device_settings)."""
     try:
         return hccn.device_settings(_plain(plan), str(host), _plain(detect_ips), _plain(gateways))
     except hccn.HccnError as error:

@@ -1,4 +1,4 @@
-"""Filters over ``ddp_cluster.baseimage``: the base image a node image is built on, read from the role's
+"""Filters over ``ddp_cluster.image.base``: the base image a node image is built on, read from the role's
 probe."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster import baseimage, builder
+from ddp_cluster.image import base as baseimage
+from ddp_cluster.image import builder
 
 
 def ddp_base_image(probe: Any, image: str, python_override: str = "") -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster import tls
+from ddp_cluster.ascend import tls
 
 
 def ddp_key_lines(text: Any) -> dict[str, list[str]]:

@@ -11,7 +11,7 @@ from ansible.errors import AnsibleFilterError
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster import topology
+from ddp_cluster.accelerators import topology
 
 READERS = {"npu": topology.npu_affinity, "gpu": topology.gpu_affinity}
 TOOLS = {"npu": "npu-smi info -t topo", "gpu": "nvidia-smi topo -m"}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_cluster import baseprobe
-from ddp_cluster.baseimage import (
+from ddp_cluster.image import probe as baseprobe
+from ddp_cluster.image.base import (
     Base,
     BaseImageError,
     Package,

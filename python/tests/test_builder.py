@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_cluster.builder import BuilderError, arch, choose
+from ddp_cluster.image.builder import BuilderError, arch, choose
 
 X86 = "28.5.1 amd64"
 ARM = "26.1.5 arm64"

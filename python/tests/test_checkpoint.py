@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_cluster import checkpoint as ckpt
-from ddp_cluster.atomic import write_atomic
 from ddp_cluster.errors import CheckpointError
+from ddp_cluster.files import write_atomic
+from ddp_cluster.runtime import checkpoint as ckpt
 
 
 def sample_state() -> dict[str, object]:
@@ -185,7 +185,7 @@ def test_list_latest_and_keep_order_mid_epoch_checkpoints_by_epoch_then_step(tmp
 
 
 def test_pack_keeps_the_checkpoint_that_resume_would_load(tmp_path: Path) -> None:
-    from ddp_cluster import pack
+    from ddp_cluster.server import pack
 
     checkpoints = tmp_path / pack.CHECKPOINTS
     for epoch, step in [(0, 4), (1, None), (1, 12), (2, None), (2, 17)]:

@@ -1,4 +1,4 @@
-"""ddp_cluster.cliargs: argparse options from a dataclass's fields."""
+"""ddp_cluster.runtime.cliargs: argparse options from a dataclass's fields."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ddp_cluster.cliargs import add_dataclass_arguments, dataclass_from_args, option
+from ddp_cluster.runtime.cliargs import add_dataclass_arguments, dataclass_from_args, option
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +69,7 @@ def test_defaults_override_the_command_line_only_and_exclude_leaves_out() -> Non
 
 def test_train_options_have_the_config_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
-    from ddp_cluster.train import TrainConfig, parse_args
+    from ddp_cluster.runtime.train import TrainConfig, parse_args
 
     monkeypatch.delenv("DDP_DEVICE", raising=False)
     assert parse_args(["--output-dir", str(tmp_path)]) == TrainConfig(output_dir=tmp_path)

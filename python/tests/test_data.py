@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_cluster.data import load_dataset, read_idx
 from ddp_cluster.errors import DatasetError
-from ddp_cluster.models import build_model
+from ddp_cluster.runtime.data import load_dataset, read_idx
+from ddp_cluster.runtime.models import build_model
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = False) -> None:

@@ -6,15 +6,15 @@ import sys
 
 import pytest
 
-from ddp_cluster.device import (
+from ddp_cluster.errors import DeviceError, DistEnvError
+from ddp_cluster.runtime.device import (
     Accelerators,
     Placement,
     choose_placement,
     detect_accelerators,
     select_placement,
 )
-from ddp_cluster.distenv import DistEnv, resolve_dist_env
-from ddp_cluster.errors import DeviceError, DistEnvError
+from ddp_cluster.runtime.distenv import DistEnv, resolve_dist_env
 
 NOTHING = Accelerators(
     cuda_count=0, npu_count=0, npu_error="ModuleNotFoundError: No module named 'torch_npu'"
@@ -125,21 +125,21 @@ def test_cuda_refusal_gives_torchs_reason() -> None:
     ("value", "expected"), [("", "auto"), ("npu", "npu"), (" cuda ", "cuda"), ("cpu", "cpu")]
 )
 def test_requested_device_comes_from_ddp_device(value: str, expected: str) -> None:
-    from ddp_cluster.device import requested_device
+    from ddp_cluster.runtime.device import requested_device
 
     assert requested_device({"DDP_DEVICE": value}) == expected
     assert requested_device({}) == "auto"
 
 
 def test_requested_device_refuses_an_unknown_value() -> None:
-    from ddp_cluster.device import requested_device
+    from ddp_cluster.runtime.device import requested_device
 
     with pytest.raises(DeviceError, match="DDP_DEVICE='gpu' is not one of auto, cpu, cuda, npu"):
         requested_device({"DDP_DEVICE": "gpu"})
 
 
 def test_where_names_the_node_and_the_rank() -> None:
-    from ddp_cluster.device import where
+    from ddp_cluster.runtime.device import where
 
     env = env_with_local_rank(3)
     assert where(env, {"DDP_NODE_NAME": "sim-server1"}) == "node sim-server1 rank 3/8"

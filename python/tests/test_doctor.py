@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_cluster import cli, doctor
+from ddp_cluster import cli
+from ddp_cluster.job import doctor
 
 FIXTURES = Path(__file__).parent / "data" / "doctor"
 

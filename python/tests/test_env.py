@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_cluster.distenv import (
+from ddp_cluster.errors import DistEnvError
+from ddp_cluster.runtime.distenv import (
     DEFAULT_MASTER_PORT,
     DistEnv,
     first_host,
     parse_slurm_tasks_per_node,
     resolve_dist_env,
 )
-from ddp_cluster.errors import DistEnvError
 
 TORCHRUN = {
     "RANK": "5",
@@ -98,7 +98,8 @@ def test_no_launcher_is_a_world_of_one() -> None:
 
 
 def test_torchrun_wins_over_openmpi_and_slurm() -> None:
-    # ddp_cluster.run under mpirun exports torchrun variables next to the OMPI ones; they agree, torchrun wins
+    # ddp_cluster.runtime.run under mpirun exports torchrun variables next to the OMPI ones; they agree,
+    # torchrun wins
     assert resolve(OPENMPI | SLURM | TORCHRUN).launcher == "torchrun"
     assert resolve(OPENMPI | SLURM).launcher == "openmpi"
 

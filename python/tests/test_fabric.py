@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_cluster import fabric
-from ddp_cluster.fabric import Hca, Port, Transport
+from ddp_cluster.health import fabric
+from ddp_cluster.health.fabric import Hca, Port, Transport
 
 ROCE_USING = (
     "dgxh100-4:460770:460842 [0] NCCL INFO NET/IB : Using [0]mlx5_10:1/RoCE [1]mlx5_11:1/RoCE [RO]; "

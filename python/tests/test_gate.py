@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ddp_cluster import health
+from ddp_cluster.health import judge as health
 
 from conftest import clean_environ, free_port
 
@@ -40,7 +40,7 @@ def run_gate(
             "DDP_LAUNCHER": "torchrun",
         }
         env |= (extra_env or {}).get(rank, {})
-        command = [sys.executable, "-m", "ddp_cluster.gate", "--output-dir", str(out), *QUICK]
+        command = [sys.executable, "-m", "ddp_cluster.health.gate", "--output-dir", str(out), *QUICK]
         procs.append(
             subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )
@@ -109,7 +109,7 @@ def test_a_ring_of_three_nodes_with_two_devices_measures_six_device_links(tmp_pa
 
 def test_a_node_with_fewer_interfaces_than_processes_is_refused_naming_the_variable() -> None:
     from ddp_cluster.errors import DdpClusterError
-    from ddp_cluster.gate import device_interface
+    from ddp_cluster.health.gate import device_interface
 
     assert device_interface(1, {"DDP_GLOO_DEVICE_IFNAMES": "eth0, eth1"}) == "eth1"
     assert device_interface(0, {}) is None
@@ -118,7 +118,7 @@ def test_a_node_with_fewer_interfaces_than_processes_is_refused_naming_the_varia
 
 
 def test_cann_version_is_read_where_the_toolkit_package_puts_it(tmp_path: Path) -> None:
-    from ddp_cluster.gate import cann_version
+    from ddp_cluster.health.gate import cann_version
 
     assert cann_version(str(tmp_path), "aarch64") is None
     (tmp_path / "ascend_toolkit_install.info").write_text("package_name=Ascend-cann-toolkit\nversion=8.0.0\n")

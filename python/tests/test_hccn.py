@@ -1,4 +1,5 @@
-"""ddp_cluster.hccn: device settings from a plan, hccn_tool outputs, read-compare-set and health verdicts; and
+"""ddp_cluster.ascend.hccn: device settings from a plan, hccn_tool outputs, read-compare-set and health
+verdicts; and
 ``ddp-cluster hccn`` against the stateful hccn_tool double (tests/doubles/hccn_tool)."""
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_cluster import hccn
-from ddp_cluster.hccn_cli import cli
+from ddp_cluster.ascend import hccn
+from ddp_cluster.ascend.cli import cli
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLE = REPO / "tests" / "doubles" / "hccn_tool"

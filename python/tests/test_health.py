@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ddp_cluster import health
 from ddp_cluster.cli import main as cli_main
+from ddp_cluster.health import judge as health
 
 
 def report(node: str, rank: int, **variables: str) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_cluster import ipplan
-from ddp_cluster.ipplan import (
+from ddp_cluster.ascend import ipplan
+from ddp_cluster.ascend.ipplan import (
     PlanError,
     Violation,
     check_plan,

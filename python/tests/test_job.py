@@ -1,4 +1,5 @@
-"""The job's spec (ddp_cluster.job): checked in one place with errors naming the field, and every artifact it
+"""The job's spec (ddp_cluster.job.spec): checked in one place with errors naming the field, and every
+artifact it
 implies (launcher argv, hostfile, program, log paths) from it; job.json round-trips."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ddp_cluster import job
-from ddp_cluster.job import JobSpec, JobSpecError
+from ddp_cluster.job import spec as job
+from ddp_cluster.job.spec import JobSpec, JobSpecError
 
 BASE: dict[str, Any] = {
     "id": "j1",
@@ -91,12 +92,12 @@ def test_what_the_spec_implies() -> None:
 @pytest.mark.parametrize(
     ("changes", "program"),
     [
-        ({}, ["-m", "ddp_cluster.train", "--output-dir", "/workspace/jobs/j1/output"]),
+        ({}, ["-m", "ddp_cluster.runtime.train", "--output-dir", "/workspace/jobs/j1/output"]),
         (
             {"resume": True, "script_args": ["--epochs", "9"]},
             [
                 "-m",
-                "ddp_cluster.train",
+                "ddp_cluster.runtime.train",
                 "--output-dir",
                 "/workspace/jobs/j1/output",
                 "--resume",
@@ -104,14 +105,24 @@ def test_what_the_spec_implies() -> None:
                 "9",
             ],
         ),
-        ({"script": "/home/u/train_me.py"}, ["-m", "ddp_cluster.run", "/workspace/jobs/j1/train_me.py"]),
+        (
+            {"script": "/home/u/train_me.py"},
+            ["-m", "ddp_cluster.runtime.run", "/workspace/jobs/j1/train_me.py"],
+        ),
         (
             {"script": "src/train.py", "workdir": True},
-            ["-m", "ddp_cluster.run", "/workspace/jobs/j1/workdir/src/train.py"],
+            ["-m", "ddp_cluster.runtime.run", "/workspace/jobs/j1/workdir/src/train.py"],
         ),
         (
             {"kind": "check", "script_args": ["--fraction", "0.5"]},
-            ["-m", "ddp_cluster.gate", "--output-dir", "/workspace/jobs/j1/output", "--fraction", "0.5"],
+            [
+                "-m",
+                "ddp_cluster.health.gate",
+                "--output-dir",
+                "/workspace/jobs/j1/output",
+                "--fraction",
+                "0.5",
+            ],
         ),
     ],
 )

@@ -12,8 +12,10 @@ from typing import Any
 from test_health import gate_results, pair
 from test_plan import OPTIONS, inventory, request
 
-from ddp_cluster import cli, jobreport, plan
-from ddp_cluster.status import Status
+from ddp_cluster import cli
+from ddp_cluster.job import plan
+from ddp_cluster.job import report as jobreport
+from ddp_cluster.job.status import Status
 
 
 def archive(run_dir: Path, node: str, files: dict[str, str]) -> None:

@@ -1,4 +1,5 @@
-"""ddp_cluster.jobs: what each node reports of the jobs (its jobs' directories and processes, faked here), the
+"""ddp_cluster.supervisor.jobs: what each node reports of the jobs (its jobs' directories and processes,
+faked here), the
 table jobs.yml prints from those reports, and a stop on a node whose supervisor is gone. No containers."""
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from ddp_cluster import jobs
-from ddp_cluster import status as job_status
-from ddp_cluster.status import Status
+from ddp_cluster.job import status as job_status
+from ddp_cluster.job.status import Status
+from ddp_cluster.supervisor import jobs
 
 
 def supervisor_line(jobs_dir: str, job: str) -> str:

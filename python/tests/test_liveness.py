@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ddp_cluster import liveness
-from ddp_cluster.liveness import Watch, children, depth
+from ddp_cluster.supervisor import liveness
+from ddp_cluster.supervisor.liveness import Watch, children, depth
 
 NODES = [f"node{index}" for index in range(16)]
 
@@ -135,7 +135,7 @@ def test_the_remote_watcher_says_up_and_ends_with_its_parents_session() -> None:
         [
             sys.executable,
             "-m",
-            "ddp_cluster.liveness",
+            "ddp_cluster.supervisor.liveness",
             "--nodes",
             "node0,node1",
             "--index",

@@ -56,8 +56,12 @@ def test_package_and_cli_modules_import_without_torch(no_torch_env: dict[str, st
         """
         import importlib, json, sys
         import ddp_cluster, ddp_cluster.cli
-        names = ["ddp_cluster.distenv", "ddp_cluster.run", "ddp_cluster.plot", "ddp_cluster.errors",
-                 "ddp_cluster.atomic", "ddp_cluster.report"]
+        names = [
+            "ddp_cluster.runtime.distenv",
+            "ddp_cluster.runtime.run",
+            "ddp_cluster.job.plot",
+            "ddp_cluster.errors",
+                 "ddp_cluster.files", "ddp_cluster.runtime.metrics"]
         names += [module for module, _ in ddp_cluster.cli.SUBCOMMANDS.values()]
         for name in names:
             importlib.import_module(name)
@@ -67,7 +71,7 @@ def test_package_and_cli_modules_import_without_torch(no_torch_env: dict[str, st
     result = python(["-c", code], no_torch_env, tmp_path)
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
-    assert "ddp_cluster.plot" in shown["imported"] and shown["torch"] is False
+    assert "ddp_cluster.job.plot" in shown["imported"] and shown["torch"] is False
 
 
 def test_cli_help_and_plot_without_torch(no_torch_env: dict[str, str], tmp_path: Path) -> None:
@@ -92,12 +96,12 @@ def test_run_without_torch(no_torch_env: dict[str, str], tmp_path: Path) -> None
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
         "MASTER_ADDR": "node1",
     }
-    result = python(["-m", "ddp_cluster.run", str(script)], env, tmp_path)
+    result = python(["-m", "ddp_cluster.runtime.run", str(script)], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "2", "False"]
 
 
 def test_train_without_torch_says_what_to_install(no_torch_env: dict[str, str], tmp_path: Path) -> None:
-    result = python(["-m", "ddp_cluster.train", "--help"], no_torch_env, tmp_path)
+    result = python(["-m", "ddp_cluster.runtime.train", "--help"], no_torch_env, tmp_path)
     assert result.returncode == 1
-    assert "ddp_cluster.train needs torch" in result.stderr and "ddp-cluster[train]" in result.stderr
+    assert "ddp_cluster.runtime.train needs torch" in result.stderr and "ddp-cluster[train]" in result.stderr

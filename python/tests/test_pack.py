@@ -1,4 +1,5 @@
-"""ddp_cluster.pack: what a node's job directory packs into (the ddp_job role's ddp_job_pack module runs
+"""ddp_cluster.server.pack: what a node's job directory packs into (the ddp_job role's ddp_job_pack module
+runs
 this code on every server; tests/test_job_pack.py runs the module through Ansible)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_cluster.pack import PackError, members, pack_job
+from ddp_cluster.server.pack import PackError, members, pack_job
 
 
 def job(tmp_path: Path) -> Path:
@@ -93,7 +94,8 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
 
 
 def test_the_bundle_left_out_is_the_one_the_plan_ships() -> None:
-    from ddp_cluster import job, pack
+    from ddp_cluster.job import spec as job
+    from ddp_cluster.server import pack
 
     assert pack.BUNDLE == job.BUNDLE_FILE  # pack.py ships alone to the servers, so it spells the name out
 

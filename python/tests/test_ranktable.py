@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ddp_cluster import ranktable
-from ddp_cluster.ipplan import load_plan, plan_from_dict
-from ddp_cluster.ranktable import RankTableError, dumps, rank_table
+from ddp_cluster.ascend import ranktable
+from ddp_cluster.ascend.ipplan import load_plan, plan_from_dict
+from ddp_cluster.ascend.ranktable import RankTableError, dumps, rank_table
 
 DATA = Path(__file__).parent / "data"
 

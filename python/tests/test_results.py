@@ -6,7 +6,7 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
-from ddp_cluster import results
+from ddp_cluster.job import results
 
 
 def node_archive(run_dir: Path, node: str, files: dict[str, str]) -> None:

@@ -63,7 +63,7 @@ def script(tmp_path: Path) -> Path:
 
 def run_module(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ddp_cluster.run", *args],
+        [sys.executable, "-m", "ddp_cluster.runtime.run", *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -137,7 +137,7 @@ def test_missing_script_is_named(tmp_path: Path, base_environ: dict[str, str]) -
 
 
 def test_in_process_export(monkeypatch: pytest.MonkeyPatch, no_launcher: None) -> None:
-    from ddp_cluster.run import export_torchrun_variables
+    from ddp_cluster.runtime.run import export_torchrun_variables
 
     for name, value in (ompi(3, 4, 1, 2) | {"MASTER_ADDR": "h0", "MASTER_PORT": "2000"}).items():
         monkeypatch.setenv(name, value)
@@ -156,7 +156,7 @@ def test_unmodified_torchrun_script_runs_under_openmpi_variables(
         port = sock.getsockname()[1]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "ddp_cluster.run", str(script)],
+            [sys.executable, "-m", "ddp_cluster.runtime.run", str(script)],
             env=base_environ
             | ompi(rank, 2, rank, 2)
             | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
@@ -246,7 +246,8 @@ def test_a_script_ends_as_under_python_without_the_interpreters_teardown(
     tmp_path: Path, base_environ: dict[str, str], how: str, status: int, stderr_has: str
 ) -> None:
     # Under torch 2.13 and gloo a finished rank could die of SIGABRT in the interpreter's finalization (see
-    # ddp_cluster.finish): the script's status, threads, atexit handlers and output are what `python SCRIPT`
+    # ddp_cluster.runtime.finish): the script's status, threads, atexit handlers and output are what `python
+    # SCRIPT`
     # gives, but module globals are not torn down.
     script = tmp_path / "endings.py"
     script.write_text(ENDINGS)

@@ -1,4 +1,4 @@
-"""ddp_cluster.status: the supervisor's status.json as one typed object, for every reader."""
+"""ddp_cluster.job.status: the supervisor's status.json as one typed object, for every reader."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_cluster import status
-from ddp_cluster.status import Status, StatusError
+from ddp_cluster.job import status
+from ddp_cluster.job.status import Status, StatusError
 
 
 def test_a_status_round_trips_and_names_a_lost_node_as_a_field(tmp_path: Path) -> None:

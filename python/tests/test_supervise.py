@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ddp_cluster.job import JobSpec
-from ddp_cluster.liveness import probe_verdict
-from ddp_cluster.supervise import (
+from ddp_cluster.job.spec import JobSpec
+from ddp_cluster.supervisor.liveness import probe_verdict
+from ddp_cluster.supervisor.loop import (
     STATUS_FILE,
     StatusFile,
     Supervisor,

@@ -17,12 +17,12 @@ from test_plan import OPTIONS, exported, records, request
 from test_plan import inventory as plan_inventory
 from test_supervise import spec
 
-from ddp_cluster import doctor, plan, status
-from ddp_cluster import job as jobspec
-from ddp_cluster.job import JobSpec, JobSpecError
-from ddp_cluster.plan import Inventory, PlanError
-from ddp_cluster.status import Status
-from ddp_cluster.supervise import (
+from ddp_cluster.job import doctor, plan, status
+from ddp_cluster.job import spec as jobspec
+from ddp_cluster.job.plan import Inventory, PlanError
+from ddp_cluster.job.spec import JobSpec, JobSpecError
+from ddp_cluster.job.status import Status
+from ddp_cluster.supervisor.loop import (
     ATTEMPTS,
     BUNDLE,
     LAUNCHER_LOG,

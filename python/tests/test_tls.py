@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddp_cluster.tls import tls_switch, tls_verdict
+from ddp_cluster.ascend.tls import tls_switch, tls_verdict
 
 
 def out(switch: int, preconfigured: bool = True) -> str:

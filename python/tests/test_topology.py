@@ -1,4 +1,4 @@
-"""CPU affinity from the vendors' topology tools (ddp_cluster.topology): the published samples of
+"""CPU affinity from the vendors' topology tools (ddp_cluster.accelerators.topology): the published samples of
 npu-smi info -t topo and nvidia-smi topo -m, the binding line the ranks get, a rank's device and CPUs, and the
 test doubles' outputs read back."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_cluster.topology import (
+from ddp_cluster.accelerators.topology import (
     TopologyError,
     binding_text,
     format_cpu_list,
@@ -384,8 +384,8 @@ def test_the_doubles_variants_through_the_parsers(tmp_path: Path) -> None:
 def test_a_rank_binds_itself_to_its_devices_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
+    from ddp_cluster.accelerators.topology import bind_rank
     from ddp_cluster.errors import DeviceError
-    from ddp_cluster.topology import bind_rank
 
     before = os.sched_getaffinity(0)
     mine = min(before)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_cluster.errors import DistEnvError
-from ddp_cluster.torchrun_agent import split_runner, torchrun_argv
+from ddp_cluster.supervisor.agent import split_runner, torchrun_argv
 
 MPI_NODE_1 = {"OMPI_COMM_WORLD_RANK": "1"}
 

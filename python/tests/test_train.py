@@ -1,4 +1,5 @@
-"""ddp_cluster.train in this process (a world of one): outputs, resume rules, errors, the progress bar."""
+"""ddp_cluster.runtime.train in this process (a world of one): outputs, resume rules, errors, the progress
+bar."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_cluster import checkpoint as ckpt
-from ddp_cluster.report import Reporter
-from ddp_cluster.train import main, parse_args
+from ddp_cluster.runtime import checkpoint as ckpt
+from ddp_cluster.runtime.metrics import Reporter
+from ddp_cluster.runtime.train import main, parse_args
 
 SMALL = [
     "--dataset",

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from ddp_cluster import checkpoint as ckpt
-from ddp_cluster.train import main
+from ddp_cluster.runtime import checkpoint as ckpt
+from ddp_cluster.runtime.train import main
 
 SYNTHETIC = ["--dataset", "synthetic", "--synthetic-samples", "512", "--lr", "0.1", "--log-every", "4"]
 PER_RANK_BATCH = 16

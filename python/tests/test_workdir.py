@@ -1,4 +1,5 @@
-"""A project directory for every node (``ddp_cluster.workdir``): what is shipped, the bound, the script."""
+"""A project directory for every node (``ddp_cluster.job.workdir``): what is shipped, the bound, the
+script."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_cluster import cli, workdir
+from ddp_cluster import cli
+from ddp_cluster.job import workdir
 
 
 def make_project(root: Path, files: dict[str, str | bytes]) -> Path:

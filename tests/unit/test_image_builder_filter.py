@@ -1,4 +1,5 @@
-"""The image stage's choice of the engine that builds (plugins/filter/ddp_image.py over ddp_cluster.builder),
+"""The image stage's choice of the engine that builds (plugins/filter/ddp_image.py over
+ddp_cluster.image.builder),
 from the registered results of `docker version` as the role passes them."""
 
 from __future__ import annotations

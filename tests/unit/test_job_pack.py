@@ -1,5 +1,6 @@
 """The ddp_job role's module ddp_job_pack, run by Ansible as collect.yml runs it: the module with
-ddp_cluster.pack shipped as module_utils (what goes in is unit-tested in python/tests/test_pack.py). The whole
+ddp_cluster.server.pack shipped as module_utils (what goes in is unit-tested in python/tests/test_pack.py).
+The whole
 collect step runs in every train.yml e2e test."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def test_holds_openmpi_sshd_torch_and_the_package(host):
     out = run_in_image(
         host,
         "mpirun --version | head -1; /usr/sbin/sshd -V 2>&1 | head -1; "
-        "python -c 'import torch, ddp_cluster.train; print(torch.__version__)'",
+        "python -c 'import torch, ddp_cluster.runtime.train; print(torch.__version__)'",
     )
     assert out.rc == 0, out.stderr
     assert "Open MPI" in out.stdout

@@ -1,6 +1,20 @@
 """ddp_cluster: multi-node PyTorch DDP on Ascend NPU, NVIDIA GPU and CPU clusters.
 
-Importing the package needs no torch: only ``ddp_cluster.train`` (and what it imports) does.
+The package is grouped by where its code runs, which says what each part may import (import-linter holds it,
+``.importlinter`` at the repository's root):
+
+    errors, files, cli      the base: one error class tree, atomic writes, ``ddp-cluster SUBCOMMAND``
+    accelerators/           cpu, gpu, npu: device kind, backend, visible-devices variable, topology (no torch)
+    ascend/                 device-IP plans, rank tables, hccn_tool (``hccn`` ships to servers: stdlib, 3.8)
+    image/                  the node image: base image, its probe, where it is built (controller)
+    server/                 a server's own Python (stdlib, 3.8): shipped as the roles' module_utils
+    job/                    the controller's job: spec, plan, status, results, report, doctor, plot
+    supervisor/             the first node's supervisor: launcher, failures, liveness, the node's jobs
+    runtime/                every rank (torch): training loop, config, dist env, device, checkpoints, data
+    health/                 the health gate: rank side (torch) and the controller's judgement
+
+Importing the package needs no torch: only ``runtime`` and ``health.gate`` (and what they import) do.
+``python -m ddp_cluster.train``, ``.run``, ``.gate`` and ``.supervise`` are the documented entry points.
 """
 
 __version__ = "0.1.0"

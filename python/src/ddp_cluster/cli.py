@@ -11,24 +11,27 @@ from collections.abc import Sequence
 
 # subcommand -> (module exposing ``cli(argv) -> int``, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "plot": ("ddp_cluster.plot", "draw the loss curve of a run directory (metrics.jsonl) to a PNG"),
-    "ip-plan": ("ddp_cluster.ipplan", "check an NPU device-IP plan against the product's rules"),
-    "rank-table": ("ddp_cluster.ranktable", "print the HCCL rank table (version 1.0) of an IP plan"),
+    "plot": ("ddp_cluster.job.plot", "draw the loss curve of a run directory (metrics.jsonl) to a PNG"),
+    "ip-plan": ("ddp_cluster.ascend.ipplan", "check an NPU device-IP plan against the product's rules"),
+    "rank-table": ("ddp_cluster.ascend.ranktable", "print the HCCL rank table (version 1.0) of an IP plan"),
     "report": (
-        "ddp_cluster.jobreport",
+        "ddp_cluster.job.report",
         "lay out a run's results and print its report (summary, gate, failure, likely cause)",
     ),
-    "doctor": ("ddp_cluster.doctor", "name the likely cause of a failed job from its logs (runs/<job-id>/)"),
+    "doctor": (
+        "ddp_cluster.job.doctor",
+        "name the likely cause of a failed job from its logs (runs/<job-id>/)",
+    ),
     "health": (
-        "ddp_cluster.health",
+        "ddp_cluster.health.judge",
         "print a health gate's results (runs/<id>/health.json); exit 1 if it failed",
     ),
     "workdir": (
-        "ddp_cluster.workdir",
+        "ddp_cluster.job.workdir",
         "pack a project directory for every node of a job (train.yml -e workdir)",
     ),
     "hccn": (
-        "ddp_cluster.hccn_cli",
+        "ddp_cluster.ascend.cli",
         "what hccn_network would set on this server's NPU NICs (diff), or their health",
     ),
 }

@@ -10,7 +10,7 @@ short_description: Pack a job's directory on a node's server into one gzipped ta
 description:
   - Runs on the server (its own Python, not the node container, which may have died with the job), so a node
     whose container is gone still sends its logs back.
-  - The logic is ddp_cluster.pack (shipped as module_utils), unit-tested with the package.
+  - The logic is ddp_cluster.server.pack (shipped as module_utils), unit-tested with the package.
   - Everything under I(job_dir) goes in, but the checkpoints under C(output/checkpoints/) other than the
     newest C(epoch-*.ckpt), files ending in C(.tmp), C(__pycache__) directories, C(job.tar.gz) (the files
     sent), and the archive.
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING  # noqa: E402  (Ansible modules put DOCUMENTATI
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 if TYPE_CHECKING:  # the same file: module_utils/ddp_pack.py links to the package's module
-    from ddp_cluster.pack import PackError, pack_job
+    from ddp_cluster.server.pack import PackError, pack_job
 else:
     from ansible.module_utils.ddp_pack import PackError, pack_job
 

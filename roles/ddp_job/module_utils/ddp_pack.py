@@ -1,1 +1,1 @@
-../../../python/src/ddp_cluster/pack.py
+../../../python/src/ddp_cluster/server/pack.py

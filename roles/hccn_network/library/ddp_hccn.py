@@ -8,7 +8,8 @@ DOCUMENTATION = r"""
 module: ddp_hccn
 short_description: Read, compare and set Ascend device NIC settings with hccn_tool, or check their health
 description:
-  - The logic is ddp_cluster.hccn (shipped as module_utils), the same code as the role's filters and the
+  - The logic is ddp_cluster.ascend.hccn (shipped as module_utils), the same code as the role's filters and
+  the
     C(ddp-cluster hccn) command.
   - C(mode=configure) reads every device's address, netdetect address and gateway (all before any is set),
     works out the C(hccn_tool -s) calls for what differs, and runs them in order, stopping at the first that
@@ -24,7 +25,7 @@ options:
   settings:
     description:
       - Per device, C(device), C(address), C(netmask), C(detect), C(gateway)
-        (ddp_cluster.hccn.device_settings).
+        (ddp_cluster.ascend.hccn.device_settings).
     type: list
     elements: dict
     required: true
@@ -81,8 +82,8 @@ from typing import TYPE_CHECKING, Any  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 if TYPE_CHECKING:  # the same file: module_utils/ddp_hccn.py links to the package's module
-    from ddp_cluster.hccn import change_line, healthy, problems
-    from ddp_cluster.hccn import changes as hccn_changes
+    from ddp_cluster.ascend.hccn import change_line, healthy, problems
+    from ddp_cluster.ascend.hccn import changes as hccn_changes
 else:
     from ansible.module_utils.ddp_hccn import change_line, healthy, problems
     from ansible.module_utils.ddp_hccn import changes as hccn_changes

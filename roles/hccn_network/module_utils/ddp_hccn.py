@@ -1,1 +1,1 @@
-../../../python/src/ddp_cluster/hccn.py
+../../../python/src/ddp_cluster/ascend/hccn.py

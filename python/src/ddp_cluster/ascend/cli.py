@@ -1,0 +1,80 @@
+"""``ddp-cluster hccn``: what the hccn_network role would do to this server's device NICs, read-only.
+
+    ddp-cluster hccn diff PLAN.yml --host NAME [--tool hccn_tool]     the -s calls needed (exit 1 when any)
+    ddp-cluster hccn check PLAN.yml --host NAME [--tool hccn_tool]    devices not ready (exit 1 when any)
+
+PLAN.yml is a device-IP plan (``ddp-cluster ip-plan check``'s format); NAME the server's ``host`` in it. The
+devices are read with hccn_tool on this machine, the same way and with the same code
+(:mod:`ddp_cluster.ascend.hccn`)
+as the role; nothing is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from typing import Any
+
+from ddp_cluster.ascend import hccn
+from ddp_cluster.ascend.ipplan import plan_to_dict, read_plan_or_report
+
+PROG = "ddp-cluster hccn"
+
+
+def read_devices(
+    tool: str, devices: list[int], queries: tuple[str, ...]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    readings: dict[str, dict[str, dict[str, Any]]] = {str(device): {} for device in devices}
+    for device in devices:
+        for query in queries:
+            argv = [tool, "-i", str(device), query, "-g"]
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+                entry = {"rc": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+            except (OSError, subprocess.TimeoutExpired) as error:
+                entry = {"rc": 127, "stdout": "", "stderr": str(error)}
+            readings[str(device)][query] = entry
+    return readings
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("action", choices=["diff", "check"])
+    parser.add_argument("plan", metavar="PLAN.yml")
+    parser.add_argument("--host", required=True, help="the server's host name in the plan")
+    parser.add_argument("--tool", default="hccn_tool", help="hccn_tool, by path or name (default: on PATH)")
+    parser.add_argument("--no-lldp", action="store_true", help="check: do not require an LLDP neighbour")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    plan = read_plan_or_report(args.plan, PROG)
+    if plan is None:
+        return 2
+    try:
+        settings = hccn.device_settings(plan_to_dict(plan), args.host)
+    except hccn.HccnError as error:
+        print(f"{PROG}: {args.plan}: {error}", file=sys.stderr)
+        return 2
+    devices = [int(setting["device"]) for setting in settings]
+    queries = (
+        ("-ip", "-netdetect", "-gateway")
+        if args.action == "diff"
+        else ("-ip", "-link", "-lldp", "-net_health")
+    )
+    readings = read_devices(args.tool, devices, queries)
+    failed = [(d, q, e) for d, by_query in readings.items() for q, e in by_query.items() if e["rc"] != 0]
+    if failed:
+        for device, query, entry in failed:
+            print(f"{PROG}: `{args.tool} -i {device} {query} -g` rc {entry['rc']}: {entry['stderr'].strip()}")
+        return 2
+    if args.action == "diff":
+        lines = [hccn.change_line(change) for change in hccn.changes(settings, readings)]
+    else:
+        lines = hccn.problems(settings, readings, check_lldp=not args.no_lldp)
+    for line in lines:
+        print(line)
+    if not lines:
+        print(f"{args.host}: {'nothing to set' if args.action == 'diff' else 'every device ready'}")
+    return 1 if lines else 0

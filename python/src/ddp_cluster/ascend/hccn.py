@@ -1,0 +1,219 @@
+"""The Ascend device NICs as hccn_tool sees them: what to set, what a device reports, what differs, what is
+wrong.
+
+One module for the ``hccn_network`` role's filter plugin, its Ansible module (``ddp_hccn``, which ships this
+file to the servers as module_utils, so it uses the standard library only) and ``ddp-cluster hccn``:
+
+- :func:`device_settings`: from a device-IP plan (plain data, as :mod:`ddp_cluster.ascend.ipplan`
+expands
+it), what
+  each device of one server should be set to: address, netmask, netdetect address, gateway;
+- :func:`fields`, :func:`net_health_name`, :func:`healthy`: hccn_tool's ``-g`` outputs, as the manuals print
+  them (seeds 000, 002): ``ipaddr:A`` / ``netmask:M``, ``netdetect address: A``, ``default gateway:G,
+  Iface:ethN``, ``link status: UP``, ``net health status: Success`` (some versions print the code);
+- :func:`changes`: read-compare-set: only the ``-s`` calls whose setting a device reports differently,
+  addresses before the detection and gateway that rely on them;
+- :func:`problems`: the health verdict per device (address, net_health, link, LLDP).
+
+``readings`` everywhere is what the module reads: {device id (str): {query ("-ip", ...): {"stdout": text}}}.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+QUERIES = ("-ip", "-netdetect", "-gateway", "-link", "-lldp", "-net_health")
+SETTING_ORDER = ("ip", "netdetect", "gateway")
+
+# Seed 002, table 2: "0:Success;1:Socket fail;2:Receive timeout;3:Unreachable;4:Time exceeded;5:Fault;6:Init;
+# 7:Thread error;8:Detect ip set;其它:Unknown"
+NET_HEALTH_NAMES = {
+    0: "Success",
+    1: "Socket fail",
+    2: "Receive timeout",
+    3: "Unreachable",
+    4: "Time exceeded",
+    5: "Fault",
+    6: "Init",
+    7: "Thread error",
+    8: "Detect ip set",
+}
+
+
+class HccnError(ValueError):
+    """Settings that cannot be worked out (a host outside the plan, a malformed address list)."""
+
+
+def fields(text: str | None) -> dict[str, str]:
+    """``key: value`` lines of hccn_tool output as a dict (``ipaddr``, ``netmask``, ``net health status``
+    ...); the first value of a key wins."""
+    found: dict[str, str] = {}
+    for line in str(text or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() and key.strip() not in found:
+            found[key.strip()] = value.strip()
+    return found
+
+
+def net_health_name(text: str | None) -> str:
+    """The status of ``-net_health -g`` output by name; a bare code (some versions print one) is mapped."""
+    status = fields(text).get("net health status", str(text or "").strip())
+    if status.isdigit():
+        return NET_HEALTH_NAMES.get(int(status), "Unknown")
+    return status or "no answer"
+
+
+def healthy(text: str | None) -> bool:
+    return net_health_name(text) == "Success"
+
+
+def _per_device(value: Any, count: int, host: str, what: str) -> list[str | None]:
+    if value is None or value == "" or value == []:
+        return [None] * count
+    if isinstance(value, str):
+        return [value] * count
+    if not isinstance(value, (list, tuple)) or len(value) != count:
+        raise HccnError(
+            f"{host}: {what} must be one address or a list of {count} (one per device), got {value!r}"
+        )
+    return [str(item) for item in value]
+
+
+def device_settings(
+    plan: Mapping[str, Any], host: str, detect_ips: Any = None, gateways: Any = None
+) -> list[dict[str, Any]]:
+    """What hccn_tool should set on each device of one host: device, address, netmask, detect, gateway.
+
+    detect_ips: one address per device, or one address for all devices, or empty: then each device probes
+    the device at the same position on the next server of the plan (seed 000: "the IP of device i of the
+    other machine"), which the plan rules put in the same subnet. gateways: the same forms; empty: none set.
+    """
+    servers = list(plan["servers"])
+    names = [server.get("host") for server in servers]
+    if host not in names:
+        raise HccnError(f"{host} is not a server of the NPU device-IP plan ({', '.join(map(str, names))})")
+    index = names.index(host)
+    device_ips = [str(address) for address in servers[index]["device_ips"]]
+    count = len(device_ips)
+    detects = _per_device(detect_ips, count, host, "the netdetect addresses (npu_device_detect_ips)")
+    gateway_list = _per_device(gateways, count, host, "the gateways (npu_device_gateways)")
+    settings = []
+    for device, address in enumerate(device_ips):
+        detect = detects[device]
+        if detect is None:
+            others = servers[index + 1 :] + servers[:index]
+            peers = [server["device_ips"] for server in others if len(server["device_ips"]) > device]
+            if not peers:
+                raise HccnError(
+                    f"{host}: device {device} has no netdetect address and no other server has a device "
+                    f"{device} to probe: set npu_device_detect_ips (one address per device, usually each "
+                    "subnet's gateway)"
+                )
+            detect = str(peers[0][device])
+        for what, value in (("netdetect address", detect), ("gateway", gateway_list[device])):
+            if value is not None:
+                try:
+                    ipaddress.IPv4Address(value)
+                except ValueError:
+                    raise HccnError(
+                        f"{host}: device {device}: {what} {value!r} is not an IPv4 address"
+                    ) from None
+        settings.append(
+            {
+                "device": device,
+                "address": address,
+                "netmask": str(plan["netmask"]),
+                "detect": detect,
+                "gateway": gateway_list[device],
+            }
+        )
+    return settings
+
+
+def reading(readings: Mapping[str, Any], device: int, query: str) -> str:
+    """One query's output for one device ('' when it was not read)."""
+    entry = (readings.get(str(device)) or {}).get(query) or {}
+    return str(entry.get("stdout") or "")
+
+
+def changes(settings: Sequence[Mapping[str, Any]], readings: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The hccn_tool ``-s`` calls that bring each device to its settings, only where the device differs.
+
+    Each change: device, setting (ip, netdetect, gateway), current, wanted, args (after ``-i DEVICE``).
+    Addresses are set before detection and gateway, which rely on them.
+    """
+    found: list[dict[str, Any]] = []
+
+    def change(device: int, setting: str, current: str | None, wanted: str, args: list[str]) -> None:
+        found.append(
+            {
+                "device": device,
+                "setting": setting,
+                "current": current or "unset",
+                "wanted": wanted,
+                "args": args,
+            }
+        )
+
+    for wanted in settings:
+        device = int(wanted["device"])
+        ip = fields(reading(readings, device, "-ip"))
+        if ip.get("ipaddr") != wanted["address"] or ip.get("netmask") != wanted["netmask"]:
+            current = f"{ip.get('ipaddr', '')} {ip.get('netmask', '')}".strip()
+            new = f"{wanted['address']} {wanted['netmask']}"
+            args = ["-ip", "-s", "address", str(wanted["address"]), "netmask", str(wanted["netmask"])]
+            change(device, "ip", current, new, args)
+        detect = fields(reading(readings, device, "-netdetect")).get("netdetect address")
+        if wanted.get("detect") and detect != wanted["detect"]:
+            change(
+                device,
+                "netdetect",
+                detect,
+                wanted["detect"],
+                ["-netdetect", "-s", "address", wanted["detect"]],
+            )
+        if wanted.get("gateway"):
+            gateway = (
+                fields(reading(readings, device, "-gateway")).get("default gateway", "").split(",")[0].strip()
+            )
+            if gateway != wanted["gateway"]:
+                change(
+                    device,
+                    "gateway",
+                    gateway,
+                    wanted["gateway"],
+                    ["-gateway", "-s", "gateway", wanted["gateway"]],
+                )
+    return sorted(found, key=lambda item: (SETTING_ORDER.index(item["setting"]), item["device"]))
+
+
+def change_line(change: Mapping[str, Any]) -> str:
+    """``device 1 ip: 192.168.1.50 255.255.0.0 -> 192.168.101.101 255.255.255.0``"""
+    return f"device {change['device']} {change['setting']}: {change['current']} -> {change['wanted']}"
+
+
+def problems(
+    settings: Sequence[Mapping[str, Any]], readings: Mapping[str, Any], check_lldp: bool = True
+) -> list[str]:
+    """Why each device is not ready, one line per device with a problem: address, net_health, link, LLDP."""
+    found = []
+    for wanted in settings:
+        device = int(wanted["device"])
+        reasons = []
+        ip = fields(reading(readings, device, "-ip"))
+        if ip.get("ipaddr") != wanted["address"] or ip.get("netmask") != wanted["netmask"]:
+            current = f"{ip.get('ipaddr', '')} {ip.get('netmask', '')}".strip() or "none"
+            reasons.append(f"address is {current}, planned {wanted['address']} {wanted['netmask']}")
+        health = net_health_name(reading(readings, device, "-net_health"))
+        if health != "Success":
+            reasons.append(f"net health {health} (netdetect address {wanted.get('detect')})")
+        link = fields(reading(readings, device, "-link")).get("link status", "").upper()
+        if link != "UP":
+            reasons.append(f"link {link or 'unknown'}")
+        if check_lldp and not reading(readings, device, "-lldp").strip():
+            reasons.append("no LLDP neighbour (-lldp -g is empty: check the switch port)")
+        if reasons:
+            found.append(f"device {device}: " + "; ".join(reasons))
+    return found

@@ -1,0 +1,247 @@
+"""``ddp-cluster report RUN_DIR``: everything a run says once its nodes' archives are back, in one place.
+
+train.yml and check.yml call it (through the ``ddp_job_report`` action) after fetching one archive per node
+into ``RUN_DIR/.incoming/``; a user can run it again on any run directory. In order:
+
+1. the layout (:func:`ddp_cluster.job.results.lay_out`): each node's files under ``nodes/``, the first node's
+   outputs on top, one log per rank under ``logs/``;
+2. the status (:mod:`ddp_cluster.job.status`) and the plan (``plan.json``, :mod:`ddp_cluster.job.plan`);
+3. a job's loss curve (``loss.png``, :mod:`ddp_cluster.job.plot`) and summary (``summary.json``);
+4. a health gate's results (:mod:`ddp_cluster.health.judge`; a preflight gate's also kept as the job's
+   ``runs/<id>/health.json``);
+5. on failure, the node, the rank, the exit status, the failed rank's last lines and the doctor's likely
+   causes (:mod:`ddp_cluster.job.doctor`).
+
+:func:`report` returns the lines to print, the warnings (what a step after the job could not do: never a
+failure of a job that succeeded), the one-line failure (empty on success) and the exit status (0, or 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddp_cluster.health import judge as health
+from ddp_cluster.job import doctor, plan, results, status
+from ddp_cluster.runtime.metrics import METRICS_FILE, SUMMARY_FILE
+
+PLOT_FILE = "loss.png"
+# A stop asked with jobs.yml -e stop=ID is not the job's failure (Ctrl-C in train.yml is: it exits non-zero).
+STOPPED_BY_JOBS = "stopped with jobs.yml"
+DOCTOR_WIDTH = 110
+
+
+@dataclass
+class Report:
+    lines: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    failure: str = ""  # one line; empty when the run succeeded
+    gate_passed: bool = False
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.failure else 0
+
+
+def _figure(summary: Mapping[str, Any], name: str, shape: str) -> str:
+    value = summary.get(name)
+    return shape % float(value) if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
+
+
+def _summary(run_dir: Path, report: Report) -> dict[str, Any]:
+    path = run_dir / SUMMARY_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        report.warnings.append(f"{SUMMARY_FILE} is not valid JSON: the figures below are missing")
+        return {}
+    return dict(data) if isinstance(data, Mapping) else {}
+
+
+def _plot(run_dir: Path, report: Report, wanted: bool) -> None:
+    metrics = run_dir / METRICS_FILE
+    if not metrics.is_file():
+        if wanted:
+            report.warnings.append(
+                "no loss curve: the job wrote no metrics.jsonl (a user script writes one only if it chooses"
+                " to, into $DDP_JOB_DIR/output/)"
+            )
+        return
+    if (run_dir / PLOT_FILE).exists():
+        return
+    try:
+        from ddp_cluster.job import plot  # matplotlib, only when there is a curve to draw
+
+        records = plot.read_metrics(metrics)
+        if not records:
+            raise plot.PlotError(f"{metrics} holds no records: the run logged nothing")
+        plot.plot_metrics(records, run_dir / PLOT_FILE, title=f"{run_dir.name}: loss")
+    except Exception as error:  # no step after the job may fail it: said as a warning
+        said = str(error).strip().splitlines()
+        report.warnings.append(f"no loss curve: ddp-cluster plot: error: {said[-1] if said else repr(error)}")
+
+
+def _failure_lines(label: str, run_dir: Path, found: status.Status | None) -> list[str]:
+    found = found or status.Status(state="failed", reason="no status from the supervisor")
+    if found.exit_code is not None:
+        exit_line = f"exit code {found.exit_code}"
+    elif found.signal_name:
+        exit_line = f"signal {found.signal_name}"
+    else:
+        exit_line = "no exit status"
+    leftover = json.dumps(dict(found.leftover)) if found.leftover else "none"
+    if found.interrupted:  # stopped from the controller: no cause to look for
+        progress = status.describe_progress(found.progress)
+        return [
+            f"{label}: {found.interrupted}",
+            f"where it was: {progress}; ranks left running after the stop: {leftover}",
+            f"all logs: {run_dir}",
+        ]
+    rank = found.failed_rank if found.failed_rank is not None else "unknown"
+    lines = [
+        f"{label} failed: {found.reason or 'no status from the supervisor'}",
+        f"node: {found.failed_node or 'unknown'}, rank: {rank},",
+        exit_line,
+        f"ranks left running after the stop: {leftover}",
+        f"last lines of {found.log_file or 'the log'}:",
+        *found.log_tail,
+        "",
+    ]
+    try:
+        lines += doctor.render(run_dir, doctor.diagnose(run_dir), DOCTOR_WIDTH).splitlines()
+    except OSError as error:
+        lines.append(f"ddp-cluster doctor could not read the logs: {error}")
+    return [*lines, f"all logs: {run_dir}"]
+
+
+def report(run_dir: Path) -> Report:
+    """The report of a run directory whose plan.json the plan wrote (see the module's text)."""
+    out = Report()
+    try:
+        planned = plan.load(run_dir)
+    except (OSError, ValueError) as error:
+        out.failure = f"{run_dir} has no readable plan.json ({error}): not a run of train.yml or check.yml"
+        out.lines.append(out.failure)
+        return out
+    kind, label = str(planned.get("kind", "train")), f"{planned.get('label', 'job')} {planned.get('id', '?')}"
+    nodes = [str(node) for node in planned.get("nodes", [])]
+    # a restart may have taken a spare: its results came back too
+    came = sorted(path.name.removesuffix(".tar.gz") for path in (run_dir / ".incoming").glob("*.tar.gz"))
+    nodes += [node for node in came if node not in nodes]
+    if (run_dir / ".incoming").is_dir():
+        try:
+            torchrun = (
+                int(planned["spec"]["nproc_per_node"]) if planned["spec"]["launcher"] != "mpirun" else None
+            )
+            missing = results.lay_out(
+                run_dir, str(planned.get("first", nodes[0] if nodes else "")), nodes, torchrun
+            )
+            out.warnings += [f"{node}: no archive came back (its results are missing)" for node in missing]
+        except (OSError, ValueError, KeyError) as error:
+            out.warnings.append(
+                f"the results could not be laid out under {run_dir}: {str(error)[:300]} (the archives of the"
+                f" nodes are in {run_dir}/.incoming)"
+            )
+    found = status.read(run_dir / status.FILE)
+    succeeded = found is not None and found.succeeded
+    restarts = [status.describe_restart(record) for record in (found.restarts if found else ())]
+    if restarts:
+        most = found.max_restarts if found else 0
+        out.lines += [f"{label}: {len(restarts)} restart(s) of max_restarts={most}:"]
+        out.lines += [f"  {line}" for line in restarts]
+    if kind == "train":
+        _plot(run_dir, out, wanted=succeeded)
+        if succeeded:
+            summary = _summary(run_dir, out)
+            resumed = planned.get("resume_checkpoint")
+            gate = (
+                f"health gate: passed before the job, {run_dir}/health.json"
+                if planned.get("preflight")
+                else "health gate: not run (-e preflight=true runs it first)"
+            )
+            last = list(found.nodes) if found and found.nodes else nodes
+            out.lines += [
+                f"{label}: succeeded in {found.elapsed if found else '?'} s",
+                f"nodes: {', '.join(last)}; ranks: {planned['spec']['nproc_per_node'] * len(last)}"
+                f" ({planned['spec']['launcher']})",
+                f"final loss: {_figure(summary, 'final_loss', '%.4g')};"
+                f" accuracy: {_figure(summary, 'accuracy', '%.4f')}",
+                f"samples/s: {_figure(summary, 'samples_per_s', '%.0f')}; training seconds:"
+                f" {_figure(summary, 'seconds', '%.2f')}",
+                f"resumed from {resumed}" if resumed else "started fresh",
+                gate,
+                f"results: {run_dir}",
+            ]
+            return out
+    elif succeeded:
+        return _gate(run_dir, label, kind, out)
+    out.lines += _failure_lines(label, run_dir, found)
+    if found is not None and found.interrupted.startswith(STOPPED_BY_JOBS):
+        out.lines.append(f"{label}: stopped as asked ({found.interrupted}); what there was: {run_dir}")
+        return out
+    if found is not None and found.interrupted:
+        out.failure = f"{label}: {found.interrupted}; what there was is in {run_dir}"
+        return out
+    out.failure = (
+        f"{label} failed: {found.reason if found and found.reason else 'no status from the supervisor'}"
+        f" (node {found.failed_node if found and found.failed_node else 'unknown'});"
+        f" the report above names the likely cause; all logs: {run_dir}"
+    )
+    return out
+
+
+def _gate(run_dir: Path, label: str, kind: str, out: Report) -> Report:
+    not_started = "; the job was not started" if kind == "preflight" else ""
+    try:
+        found = health.load(run_dir)
+    except ValueError as error:
+        out.failure = f"{label} failed: {error}{not_started}"
+        out.lines.append(out.failure)
+        return out
+    out.lines += [*health.render(found).splitlines(), f"results: {run_dir}/{health.HEALTH_FILE}"]
+    if kind == "preflight":
+        shutil.copyfile(run_dir / health.HEALTH_FILE, run_dir.parent / health.HEALTH_FILE)
+    verdict = found.get("verdict", {})
+    if verdict.get("passed"):
+        out.gate_passed = True
+        return out
+    problems = "; ".join(str(problem) for problem in verdict.get("problems", [])) or "the verdict is failed"
+    out.failure = (
+        f"{label} failed: {problems}{not_started}; the report above has the figures:"
+        f" {run_dir}/{health.HEALTH_FILE}"
+    )
+    return out
+
+
+def cli(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ddp-cluster report",
+        description="Lay out a run's results and print its report (summary, health gate, failure, likely"
+        " cause); exit 1 when the job or the gate failed.",
+    )
+    parser.add_argument(
+        "run_dir", type=Path, help="a run directory, runs/<job-id>/ (or runs/<job-id>/preflight)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(list(argv))
+    if not args.run_dir.is_dir():
+        print(f"ddp-cluster report: {args.run_dir} is not a directory: give runs/<job-id>/", file=sys.stderr)
+        return 2
+    done = report(args.run_dir)
+    if args.json:
+        print(json.dumps({**done.__dict__, "exit_status": done.exit_status}, indent=2))
+    else:
+        for warning in done.warnings:
+            print(f"[WARNING] {warning}")
+        print("\n".join(done.lines))
+        if done.failure:
+            print(done.failure, file=sys.stderr)
+    return done.exit_status

@@ -1,0 +1,369 @@
+"""The job, as one typed object from the plan to the results: :class:`JobSpec`.
+
+The plan (:func:`ddp_cluster.job.plan.make_plan`, called once by ``train.yml`` and ``check.yml`` on the
+controller) makes it from what the user asked and what site.yml recorded of the nodes (each node's cluster
+network), and ships it as ``JOB/job.json`` to every node. Everything else
+comes from the spec: the launcher's command line (:meth:`JobSpec.launch_argv`), the hostfile, the program
+every rank runs, whether mpirun's processes are ranks or torchrun agents, the logs' paths
+(:mod:`ddp_cluster.job.results`), and the supervisor's bounds (``python -m ddp_cluster.supervise --job-dir
+JOB``). Checked in one place (:meth:`JobSpec.from_dict`): an error names the field and what it must
+be.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddp_cluster.accelerators import ACCELERATORS, DEVICE_BACKEND
+from ddp_cluster.job import results
+
+# Open MPI's daemon wire-up (launch_argv): ssh sessions mpirun keeps in flight, and the fan-out of each level
+# of the daemons' tree.
+WIREUP_CONCURRENT = 128
+WIREUP_RADIX = 64
+
+LAUNCHERS = ("mpirun", "torchrun", "torch_npu_run")
+KINDS = ("train", "check", "preflight")
+HCCL_INITS = ("rank_table", "master_addr")
+JOB_FILE = "job.json"
+# The job's files as the plan ships them (job.json, the script or the project, the rank table), unpacked in
+# every node's job directory.
+BUNDLE_FILE = "job.tar.gz"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+PORTS = re.compile(r"^$|^[0-9]+(-[0-9]+)?$")
+
+
+class JobSpecError(ValueError):
+    """A field of the job that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: where it runs, what it runs, and its bounds."""
+
+    id: str
+    job_dir: str  # the job's directory in the nodes' containers (/workspace/jobs/<id>)
+    nodes: tuple[str, ...]
+    nproc_per_node: int
+    launcher: str
+    device: str
+    networks: tuple[str, ...]  # the nodes' cluster networks (CIDR): mpirun keeps to them
+    timeout: float
+    kind: str = "train"
+    accelerator: str = "cpu"
+    hccl_init: str = "rank_table"
+    script: str = ""  # a user's script (its file name is what the nodes have; with a workdir, a path in it)
+    workdir: bool = False  # the project directory, unpacked in JOB/workdir, is the ranks' working directory
+    script_args: tuple[str, ...] = ()
+    resume: bool = False
+    master_port: int = 29501
+    launcher_ports: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    mpirun_args: tuple[str, ...] = ()
+    poll: float = 0.5
+    # Recovery (the supervisor's, on the cluster): restarts after a curable failure, the fewest nodes to go on
+    # with, the inventory's nodes beyond the job's to take one from, and what an npu rank table is made from.
+    max_restarts: int = 0
+    min_nodes: int = 0  # 0: every node of the job (a lost node must be replaced by a spare)
+    spares: tuple[str, ...] = ()
+    recovery: Mapping[str, Any] = field(default_factory=dict)  # npu: {"npu_plan": ..., "visible": {...}}
+    restart: int = 0  # this attempt's number (0: the first start), set by the supervisor
+    resume_from: str = ""  # the checkpoint this attempt resumes from, in the job's directory
+
+    # --- checking ----------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """The spec of ``data`` (job.json, or the playbook's plan and what the probe found); JobSpecError
+        naming the first field that is missing or wrong."""
+        if not isinstance(data, Mapping):
+            raise JobSpecError(f"a job is a mapping of fields, not {type(data).__name__}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise JobSpecError(f"unknown field(s) {', '.join(unknown)}: a job has {', '.join(sorted(known))}")
+        for name in ("id", "job_dir", "nodes", "nproc_per_node", "launcher", "device", "networks", "timeout"):
+            if name not in data:
+                raise JobSpecError(f"{name} is missing")
+        spec = cls(
+            id=_text(data, "id"),
+            job_dir=_text(data, "job_dir"),
+            nodes=_texts(data, "nodes"),
+            nproc_per_node=_number(data, "nproc_per_node", int, minimum=1),
+            launcher=_text(data, "launcher"),
+            device=_text(data, "device"),
+            networks=_texts(data, "networks", allow_empty=True),
+            timeout=_number(data, "timeout", float, minimum=0, exclusive=True),
+            kind=_text(data, "kind", "train"),
+            accelerator=_text(data, "accelerator", "cpu"),
+            hccl_init=_text(data, "hccl_init", "rank_table"),
+            script=_text(data, "script", ""),
+            workdir=_flag(data, "workdir"),
+            script_args=_texts(data, "script_args", allow_empty=True),
+            resume=_flag(data, "resume"),
+            master_port=_number(data, "master_port", int, minimum=1, maximum=65535, default=29501),
+            launcher_ports=_text(data, "launcher_ports", ""),
+            env=_env(data),
+            mpirun_args=_texts(data, "mpirun_args", allow_empty=True),
+            poll=_number(data, "poll", float, minimum=0, exclusive=True, default=0.5),
+            max_restarts=_number(data, "max_restarts", int, minimum=0, default=0),
+            min_nodes=_number(data, "min_nodes", int, minimum=0, default=0),
+            spares=_texts(data, "spares", allow_empty=True),
+            recovery=_mapping(data, "recovery"),
+            restart=_number(data, "restart", int, minimum=0, default=0),
+            resume_from=_text(data, "resume_from", ""),
+        )
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        """The rules between fields; JobSpecError naming the field."""
+        if not NAME.match(self.id):
+            raise JobSpecError(
+                f"id={self.id!r} may hold only letters, digits, _ . and - (a letter or digit first)"
+            )
+        if not self.job_dir.startswith("/"):
+            raise JobSpecError(f"job_dir={self.job_dir!r} must be an absolute path in the node")
+        if len(set(self.nodes)) != len(self.nodes):
+            raise JobSpecError(f"nodes={list(self.nodes)} names a node twice")
+        if self.launcher not in LAUNCHERS:
+            raise JobSpecError(f"launcher={self.launcher!r} is unknown: use {', '.join(LAUNCHERS)}")
+        if self.device not in DEVICE_BACKEND:
+            raise JobSpecError(f"device={self.device!r} is unknown: use cpu, cuda or npu")
+        if self.kind not in KINDS:
+            raise JobSpecError(f"kind={self.kind!r} is unknown: use {', '.join(KINDS)}")
+        if self.accelerator not in ACCELERATORS:
+            raise JobSpecError(f"accelerator={self.accelerator!r} is unknown: use {', '.join(ACCELERATORS)}")
+        if self.hccl_init not in HCCL_INITS:
+            raise JobSpecError(f"hccl_init={self.hccl_init!r} must be rank_table or master_addr")
+        if self.launcher == "torch_npu_run" and self.accelerator != "npu":
+            raise JobSpecError("launcher=torch_npu_run needs torch_npu: it is for npu clusters")
+        if not PORTS.match(self.launcher_ports):
+            raise JobSpecError(
+                f"launcher_ports={self.launcher_ports!r} must be a port or a range (29510-29519)"
+            )
+        if self.workdir and not self.script:
+            raise JobSpecError("workdir is set but script is empty: name the script inside the project")
+        if self.min_nodes > len(self.nodes):
+            raise JobSpecError(
+                f"min_nodes={self.min_nodes} is more than the job's {len(self.nodes)} node(s): a job goes on"
+                " with fewer nodes, never more"
+            )
+        if overlap := sorted(set(self.spares) & set(self.nodes)):
+            raise JobSpecError(f"spares={list(self.spares)} names the job's own node(s) {', '.join(overlap)}")
+
+    # --- what it implies ---------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.nproc_per_node
+
+    @property
+    def agents(self) -> bool:
+        """True when mpirun's processes are the nodes' torchrun (or torch_npu_run) agents, one per node."""
+        return self.launcher != "mpirun"
+
+    @property
+    def processes_per_node(self) -> int:
+        """mpirun's processes on each node: the ranks, or one agent."""
+        return 1 if self.agents else self.nproc_per_node
+
+    def node_of_process(self, process: int) -> str | None:
+        """The node mpirun's process ``process`` runs on (mpirun maps by slot, node by node)."""
+        index = process // self.processes_per_node
+        return self.nodes[index] if 0 <= index < len(self.nodes) else None
+
+    def mpirun_log(self, process: int) -> Path:
+        """Where mpirun's process ``process`` writes its output, on its node."""
+        return results.mpirun_log(self.job_dir, process)
+
+    def hostfile(self) -> str:
+        lines = [f"# job {self.id}, {self.nproc_per_node} slot(s) per node"]
+        return "\n".join([*lines, *(f"{node} slots={self.nproc_per_node}" for node in self.nodes)]) + "\n"
+
+    def variables(self) -> dict[str, str]:
+        """What every rank gets from the launcher (``-x``), the user's ``env`` last."""
+        variables = {
+            "MASTER_ADDR": self.nodes[0],
+            "MASTER_PORT": str(self.master_port),
+            "PYTHONUNBUFFERED": "1",
+            "DDP_JOB_ID": self.id,
+            "DDP_JOB_DIR": self.job_dir,
+            "DDP_DEVICE": self.device,
+            "DDP_BACKEND": DEVICE_BACKEND[self.device],
+            "DDP_LAUNCHER": self.launcher,
+            # How many times the supervisor restarted the job (0 at the first start), and the checkpoint it
+            # resumes from (empty: none); a user's script reads them to resume.
+            "DDP_RESTART_COUNT": str(self.restart),
+            "DDP_MAX_RESTARTS": str(self.max_restarts),
+            "DDP_RESUME_FROM": self.resume_from,
+        }
+        if self.accelerator == "npu":
+            # CANN's and HCCL's logs (plog, device logs) go into the job directory, so they come back with the
+            # job.
+            variables["ASCEND_PROCESS_LOG_PATH"] = f"{self.job_dir}/ascend"
+            if self.hccl_init == "rank_table":
+                variables["RANK_TABLE_FILE"] = f"{self.job_dir}/rank_table.json"
+        return variables | {str(name): str(value) for name, value in self.env.items()}
+
+    def working_directory(self) -> str:
+        """The ranks' working directory: the project's (workdir), else the job's."""
+        return f"{self.job_dir}/workdir" if self.workdir else self.job_dir
+
+    def program(self) -> list[str]:
+        """What each rank runs, after ``python`` (``-m MODULE ARGS``): the health gate, a user's script
+        through ``ddp_cluster.runtime.run`` (torchrun-style variables under mpirun, and the device check),
+        or the
+        entrypoint."""
+        args = list(self.script_args)
+        if self.kind != "train":
+            return ["-m", "ddp_cluster.health.gate", "--output-dir", f"{self.job_dir}/output", *args]
+        if self.script:
+            name = self.script if self.workdir else self.script.rsplit("/", 1)[-1]
+            return ["-m", "ddp_cluster.runtime.run", f"{self.working_directory()}/{name}", *args]
+        resume = ["--resume"] if self.resume else []
+        return ["-m", "ddp_cluster.runtime.train", "--output-dir", f"{self.job_dir}/output", *resume, *args]
+
+    def launch_argv(self) -> list[str]:
+        """The launcher's argv, started on the first node. Every rank's command line holds ``job_dir/``.
+
+        mpirun starts one process per slot. torchrun (and torch_npu_run) is fanned out by mpirun too, one
+        agent per node, so that a failing node's agent makes mpirun stop the agents of every other node
+        (orte_abort_on_non_zero_status). ``networks`` keep mpirun's traffic on the cluster network, each node
+        on its own interface; ``launcher_ports`` pins the ports mpirun's daemons listen on, so that a firewall
+        can let exactly those through. Per-node settings (interfaces, HCCL_IF_IP) come from each node's own
+        environment file."""
+        if not self.networks:
+            raise JobSpecError("no cluster network: the nodes' probe found no address on their interface")
+        included = ",".join(self.networks)
+        argv = ["mpirun", "--hostfile", f"{self.job_dir}/hostfile", "--bind-to", "none"]
+        argv += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", included]
+        argv += ["--mca", "oob_tcp_if_include", included, "--mca", "orte_abort_on_non_zero_status", "1"]
+        if self.launcher_ports:
+            argv += ["--mca", "oob_tcp_static_ipv4_ports", self.launcher_ports]
+        # The daemons' wire-up, as Open MPI 4.1 does it by default, pinned against a site's
+        # openmpi-mca-params.conf: mpirun starts its direct children over ssh, WIREUP_CONCURRENT at a time,
+        # and each daemon starts its own children (tree spawn; every node may ssh to every other: the mesh),
+        # WIREUP_RADIX per level, so 1152 nodes are two levels deep (docs/SCALE.md).
+        argv += [
+            "--mca",
+            "plm_rsh_no_tree_spawn",
+            "0",
+            "--mca",
+            "plm_rsh_num_concurrent",
+            str(WIREUP_CONCURRENT),
+        ]
+        argv += ["--mca", "routed_radix", str(WIREUP_RADIX)]
+        argv += ["--output-filename", f"{self.job_dir}/{results.LOGS}", "--merge-stderr-to-stdout"]
+        argv += ["--wdir", self.working_directory()]
+        argv += ["-x", "PATH", "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
+        for name, value in sorted(self.variables().items()):
+            argv += ["-x", f"{name}={value}"]
+        if not self.agents:
+            argv += ["-np", str(self.world_size), "--map-by", "slot", *self.mpirun_args, "python"]
+            return argv + self.program()
+        argv += ["-np", str(len(self.nodes)), "--map-by", "ppr:1:node", *self.mpirun_args]
+        argv += ["python", "-m", "ddp_cluster.supervisor.agent", "--runner", self.launcher]
+        argv += ["--nnodes", str(len(self.nodes)), "--nproc-per-node", str(self.nproc_per_node)]
+        argv += ["--master-addr", self.nodes[0], "--master-port", str(self.master_port)]
+        argv += ["--log-dir", f"{self.job_dir}/{results.LOGS}/torchrun", "--tee", "3"]
+        return argv + self.program()  # "-m MODULE ...": torchrun's own -m, as python's
+
+    # --- the file ----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["env"] = dict(self.env)
+        data["recovery"] = dict(self.recovery)
+        return data
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def load(path: Path) -> JobSpec:
+    """The spec in ``path`` (job.json); JobSpecError naming the file and what is wrong."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise JobSpecError(f"cannot read the job from {path}: {error}") from error
+    try:
+        return JobSpec.from_dict(data)
+    except JobSpecError as error:
+        raise JobSpecError(f"{path}: {error}") from error
+
+
+def _text(data: Mapping[str, Any], name: str, default: str | None = None) -> str:
+    value = data.get(name, default)
+    if not isinstance(value, str) or (default is None and not value):
+        raise JobSpecError(
+            f"{name}={value!r} must be a non-empty string"
+            if default is None
+            else f"{name}={value!r} must be a string"
+        )
+    return value
+
+
+def _texts(data: Mapping[str, Any], name: str, allow_empty: bool = False) -> tuple[str, ...]:
+    value = data.get(name, [])
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise JobSpecError(f"{name}={value!r} must be a list of strings")
+    items = tuple(str(item) for item in value)
+    if not allow_empty and (not items or not all(items)):
+        raise JobSpecError(f"{name}={list(value)!r} must list at least one non-empty name")
+    return items
+
+
+def _number(
+    data: Mapping[str, Any],
+    name: str,
+    kind: type[int] | type[float],
+    minimum: float,
+    maximum: float | None = None,
+    exclusive: bool = False,
+    default: float | None = None,
+) -> Any:
+    value = data.get(name, default)
+    try:
+        number = kind(value)
+        if kind is int and float(value) != number:
+            raise ValueError
+    except (TypeError, ValueError) as error:
+        raise JobSpecError(f"{name}={value!r} must be a {'whole ' if kind is int else ''}number") from error
+    low = number <= minimum if exclusive else number < minimum
+    if low or (maximum is not None and number > maximum):
+        bound = f"above {minimum:g}" if exclusive else f"at least {minimum:g}"
+        raise JobSpecError(
+            f"{name}={value!r} must be {bound}" + (f" and at most {maximum:g}" if maximum else "")
+        )
+    return number
+
+
+def _flag(data: Mapping[str, Any], name: str) -> bool:
+    value = data.get(name, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0", ""):
+        return value.lower() in ("true", "yes", "1")
+    raise JobSpecError(f"{name}={value!r} must be true or false")
+
+
+def _mapping(data: Mapping[str, Any], name: str) -> dict[str, Any]:
+    value = data.get(name) or {}
+    if not isinstance(value, Mapping):
+        raise JobSpecError(f"{name}={value!r} must be a mapping")
+    return dict(value)
+
+
+def _env(data: Mapping[str, Any]) -> dict[str, str]:
+    value = data.get("env") or {}
+    if not isinstance(value, Mapping):
+        raise JobSpecError(f"env={value!r} must map variable names to values")
+    for name in value:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
+            raise JobSpecError(f"env: {name!r} is not a variable name")
+    return {str(name): str(item) for name, item in value.items()}

@@ -1,0 +1,184 @@
+"""A job's status, typed: :class:`Status`, what the supervisor writes to ``JOB/status.json`` as the job goes.
+
+One writer (:mod:`ddp_cluster.supervisor.loop`, rewriting the file whole and atomically at every change) and
+every
+reader through :func:`read` / :meth:`Status.from_dict`: the controller's wait (the ``ddp_job_wait`` action),
+the report (:mod:`ddp_cluster.job.report`), the doctor and the results' layout. A lost node is a field
+(``lost_nodes``), never a sentence to search.
+
+Standard library only: it runs in the node image's Python and on the controller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FILE = "status.json"
+STATES = ("starting", "running", "succeeded", "failed")
+# Each field's type, for checking a file written by another version (or torn by hand).
+_KINDS: dict[str, tuple[type, ...]] = {
+    "state": (str,),
+    "elapsed": (int, float),
+    "updated": (int, float),
+    "pid": (int,),
+    "rc": (int,),
+    "reason": (str,),
+    "failed_node": (str,),
+    "failed_rank": (int,),
+    "exit_code": (int,),
+    "signal": (int,),
+    "signal_name": (str,),
+    "log_file": (str,),
+    "ranks_running": (bool,),
+    "max_restarts": (int,),
+    "interrupted": (str,),
+}
+LISTS = ("nodes", "launcher", "lost_nodes", "log_tail", "launcher_tail", "ran_on")
+
+
+class StatusError(ValueError):
+    """A status.json that cannot be read as a :class:`Status`; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where a job is: its state and progress; once it failed, why, where, and what was left running."""
+
+    state: str = "starting"
+    elapsed: float = 0.0  # seconds since the supervisor started
+    updated: float = 0.0  # when this was written (epoch seconds)
+    progress: Any = None  # the last metrics.jsonl record (a mapping), or the last log line, or None
+    pid: int | None = None  # the supervisor's
+    nodes: tuple[str, ...] = ()
+    launcher: tuple[str, ...] = ()  # the launcher's argv
+    rc: int | None = None  # the launcher's exit status
+    reason: str = ""  # why it failed, a sentence for people
+    lost_nodes: tuple[str, ...] = ()  # the nodes that stopped answering (their container or server is down)
+    failed_node: str | None = None  # the node of the first failing rank (or the lost node)
+    failed_rank: int | None = None  # the first failing rank, when known
+    exit_code: int | None = None
+    signal: int | None = None
+    signal_name: str | None = None
+    log_file: str = ""  # NODE:PATH of the log whose tail is log_tail
+    log_tail: tuple[str, ...] = ()
+    launcher_tail: tuple[str, ...] = ()
+    leftover: Mapping[str, str] = field(
+        default_factory=dict
+    )  # node -> the job's processes still there after the stop
+    ranks_running: bool = False  # every node runs its ranks (this attempt); what detach waits for
+    ran_on: tuple[str, ...] = ()  # every node that ran the job, in any attempt (results come from each)
+    max_restarts: int = 0
+    # One record per restart (see ddp_cluster.supervisor.loop.Supervisor.recover): restart, cause, lost,
+    # nodes_before, nodes_after, spares_taken, lost_at, restarted_at, training_again_s, checkpoint,
+    # resume_step, last_step, steps_redone.
+    restarts: tuple[Mapping[str, Any], ...] = ()
+    interrupted: str = ""  # who stopped the job from the controller (Ctrl-C, jobs.yml -e stop=ID), if any
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("succeeded", "failed")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"
+
+    def update(self, **fields: Any) -> Status:
+        """This status with ``fields`` replaced (checked as :meth:`from_dict` checks them)."""
+        return Status.from_dict({**self.to_dict(), **fields})
+
+    # --- the file ----------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Status:
+        """The status of ``data``; fields this version does not know are ignored (a newer supervisor's), a
+        known field of the wrong type is a StatusError naming it."""
+        if not isinstance(data, Mapping):
+            raise StatusError(f"a status is a mapping of fields, not {type(data).__name__}")
+        values: dict[str, Any] = {}
+        for name in (item.name for item in dataclasses.fields(cls)):
+            if name not in data or data[name] is None:
+                continue
+            value = data[name]
+            wrong_bool = isinstance(value, bool) and bool not in _KINDS.get(name, ())
+            if name in _KINDS and (wrong_bool or not isinstance(value, _KINDS[name])):
+                raise StatusError(
+                    f"{name}={value!r} must be {' or '.join(kind.__name__ for kind in _KINDS[name])}"
+                )
+            if name in LISTS:
+                if isinstance(value, str) or not isinstance(value, list | tuple):
+                    raise StatusError(f"{name}={value!r} must be a list of strings")
+                value = tuple(str(item) for item in value)
+            elif name == "leftover":
+                if not isinstance(value, Mapping):
+                    raise StatusError(f"leftover={value!r} must map nodes to text")
+                value = {str(node): str(text) for node, text in value.items()}
+            elif name == "restarts":
+                if isinstance(value, str) or not isinstance(value, list | tuple):
+                    raise StatusError(f"restarts={value!r} must be a list of records")
+                value = tuple(dict(item) for item in value if isinstance(item, Mapping))
+            values[name] = value
+        status = cls(**values)
+        if status.state not in STATES:
+            raise StatusError(f"state={status.state!r} is unknown: one of {', '.join(STATES)}")
+        return status
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["leftover"] = dict(self.leftover)
+        for name in LISTS:
+            data[name] = list(data[name])
+        data["restarts"] = [dict(item) for item in self.restarts]
+        return data
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
+
+def describe_restart(record: Mapping[str, Any]) -> str:
+    """One line of a restart record, as the wait, the report and jobs.yml print it."""
+    lost = ", ".join(record.get("lost") or []) or "no node"
+    after = ", ".join(record.get("nodes_after") or [])
+    spares = record.get("spares_taken") or []
+    line = f"restart {record.get('restart')}: {record.get('cause')}; lost {lost}; on {after}" + (
+        f" (spare {', '.join(spares)} taken)" if spares else ""
+    )
+    if record.get("checkpoint"):
+        line += f", resumed from {record['checkpoint']} (step {record.get('resume_step')})"
+    if record.get("steps_redone") is not None:
+        line += f", {record['steps_redone']} step(s) redone"
+    if record.get("training_again_s") is not None:
+        line += f", training again {record['training_again_s']:.1f} s after the loss"
+    return line
+
+
+def loads(text: str) -> Status:
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise StatusError(f"not JSON: {error}") from error
+    return Status.from_dict(data)
+
+
+def read(path: Path) -> Status | None:
+    """The status in ``path``; None when there is none (yet) or it cannot be read (a torn copy)."""
+    try:
+        return loads(path.read_text(encoding="utf-8"))
+    except (OSError, StatusError):
+        return None
+
+
+def describe_progress(progress: Any) -> str:
+    """One line of the latest progress (the wait prints it whenever it changes)."""
+    if isinstance(progress, Mapping):
+        keys = ("epoch", "step", "loss", "test_accuracy", "samples_per_s")
+        parts = [
+            f"{key} {progress[key]:.4g}" if isinstance(progress[key], float) else f"{key} {progress[key]}"
+            for key in keys
+            if progress.get(key) is not None
+        ]
+        return ", ".join(parts) or json.dumps(dict(progress))[:200]
+    return str(progress)[:200] if progress else "starting"

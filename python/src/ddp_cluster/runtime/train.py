@@ -1,0 +1,668 @@
+"""The DDP training entrypoint: ``python -m ddp_cluster.train --dataset digits --epochs 5 --output-dir DIR``.
+
+Runs as one process per device under torchrun, mpirun (OpenMPI) or srun (Slurm), or alone. ``--batch-size``
+is per process: the global batch is ``batch_size * world_size``. Writes ``DIR/metrics.jsonl``,
+``DIR/summary.json`` and ``DIR/checkpoints/`` (rank 0 only); see :mod:`ddp_cluster.runtime.metrics` for what
+each rank
+prints.
+
+Checkpoints: rank 0 writes ``checkpoints/epoch-NNNNN.ckpt`` at the end of each epoch (N epochs completed) and,
+with ``--checkpoint-every STEPS``, ``checkpoints/epoch-NNNNN.step-SSSSSSSSS.ckpt`` every STEPS optimizer steps
+within an epoch (S the global step; none at an epoch's last batch, which the epoch's own checkpoint covers),
+so that a restart redoes at most STEPS steps. Each is written atomically and checksummed; the newest
+``--checkpoint-keep`` of both kinds are kept (see :mod:`ddp_cluster.runtime.checkpoint`).
+
+``--resume`` continues from the newest checkpoint and says which; without a checkpoint it says so and
+starts from scratch; with ``--epochs`` at or below the checkpoint's epoch it stops with an error naming both
+(``--epochs`` is the total to reach, and a resumed run that trains nothing is a mistake, not a success).
+From a mid-epoch checkpoint it goes on with that epoch, in the same data order, past the batches already
+trained (with another world size or batch size, past as many samples as were trained, rounded down), and
+reports the epoch's loss and samples as an uninterrupted run does. A run without ``--resume`` refuses a
+directory that already holds checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
+except ImportError as missing:  # the controller installs the package without torch
+    raise ImportError(
+        f"ddp_cluster.runtime.train needs torch and numpy ({missing}): pip install 'ddp-cluster[train]'"
+    ) from missing
+
+from ddp_cluster.errors import CheckpointError, DdpClusterError, DeviceError
+from ddp_cluster.runtime import checkpoint as ckpt
+from ddp_cluster.runtime.cliargs import add_dataclass_arguments, dataclass_from_args, option
+from ddp_cluster.runtime.data import DATASETS, Data, load_dataset
+from ddp_cluster.runtime.device import (
+    BACKEND_CHOICES,
+    DEVICE_CHOICES,
+    Placement,
+    announce_binding,
+    requested_device,
+    select_placement,
+    where,
+)
+from ddp_cluster.runtime.distenv import DistEnv, resolve_dist_env
+from ddp_cluster.runtime.finish import exit_process
+from ddp_cluster.runtime.group import process_group
+from ddp_cluster.runtime.metrics import Reporter
+from ddp_cluster.runtime.models import build_model
+
+EVAL_BATCH_SIZE = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The run's settings; each field is the command line option of its name (``--batch-size``), in this
+    order (:func:`parse_args`)."""
+
+    dataset: str = field(default="digits", metadata=option(choices=DATASETS))
+    epochs: int = field(
+        default=10, metadata=option("train until this many epochs are done (default %(default)s)")
+    )
+    batch_size: int = field(default=32, metadata=option("per process (default %(default)s)"))
+    lr: float = field(default=0.05, metadata=option("SGD learning rate (default %(default)s)"))
+    momentum: float = field(default=0.9, metadata=option("SGD momentum (default %(default)s)"))
+    output_dir: Path = field(metadata=option("metrics.jsonl, summary.json, checkpoints/"))
+    resume: bool = field(default=False, metadata=option("continue from the newest checkpoint in OUTPUT_DIR"))
+    seed: int = field(
+        default=0, metadata=option("model init, data order and synthetic data (default %(default)s)")
+    )
+    backend: str = field(default="auto", metadata=option(choices=BACKEND_CHOICES))
+    device: str = field(
+        default="auto",
+        metadata=option(
+            "default: DDP_DEVICE (train.yml sets the cluster's accelerator), else auto",
+            choices=DEVICE_CHOICES,
+        ),
+    )
+    data_dir: Path = field(
+        default=Path("data"), metadata=option("mnist/cifar10 files (default ./%(default)s)")
+    )
+    checkpoint_keep: int = field(
+        default=3, metadata=option("keep the newest K checkpoints (default %(default)s)")
+    )
+    checkpoint_every: int = field(
+        default=0,
+        metadata=option(
+            "also checkpoint every STEPS optimizer steps within an epoch; 0: only at epoch ends "
+            "(default %(default)s)",
+            metavar="STEPS",
+        ),
+    )
+    synthetic_samples: int = field(default=4096, metadata=option("training samples of 'synthetic'"))
+    synthetic_features: int = field(default=32, metadata=option("input size of 'synthetic'"))
+    log_every: int = field(default=10, metadata=option("log the loss every N steps; 0: epochs only"))
+    num_workers: int = field(default=0, metadata=option("DataLoader worker processes (default %(default)s)"))
+    dist_timeout: float = field(default=1800.0, metadata=option("collective timeout in seconds"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.output_dir / "checkpoints"
+
+
+@dataclass(frozen=True)
+class EpochProgress:
+    """How far the epoch under way got, as a mid-epoch checkpoint records it: the batches done, and the loss
+    sums over all ranks of those batches ([loss x samples, samples]), of the whole epoch so far and of the
+    steps since the last step log, so that a run resumed from it logs what an uninterrupted run logs."""
+
+    batch: int = 0
+    loss_sum: float = 0.0
+    samples: float = 0.0
+    log_loss_sum: float = 0.0
+    log_samples: float = 0.0
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        sums = {"loss_sum": self.loss_sum, "samples": self.samples}
+        return {
+            "batch": self.batch,
+            "epoch_sums": sums | {"log_loss_sum": self.log_loss_sum, "log_samples": self.log_samples},
+        }
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict[str, Any], batch: int) -> EpochProgress:
+        sums = saved.get("epoch_sums") or {}
+        return cls(
+            batch, *(float(sums.get(k, 0.0)) for k in ("loss_sum", "samples", "log_loss_sum", "log_samples"))
+        )
+
+
+@dataclass
+class Resumed:
+    """Where a run starts: from scratch (all defaults) or from a checkpoint."""
+
+    path: Path | None = None
+    epoch: int = 0
+    step: int = 0
+    last_epoch_record: dict[str, Any] = field(default_factory=dict)
+    # From a mid-epoch checkpoint: how far epoch ``epoch + 1`` got (``batch``: the batches to skip in this
+    # run's layout), and the RNG states to go on with once the epoch's iterator is made.
+    progress: EpochProgress | None = None
+    rng: dict[str, Any] | None = None
+
+
+@dataclass
+class TrainState:
+    model: DDP
+    optimizer: torch.optim.Optimizer
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimizer steps taken
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    p = argparse.ArgumentParser(
+        prog="python -m ddp_cluster.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # --device unset reads DDP_DEVICE, so its option has no default of its own.
+    add_dataclass_arguments(p, TrainConfig, defaults={"device": None})
+    args = p.parse_args(argv)
+    minimums = [
+        ("epochs", 1),
+        ("batch_size", 1),
+        ("checkpoint_keep", 1),
+        ("checkpoint_every", 0),
+        ("log_every", 0),
+    ]
+    for name, minimum in minimums:
+        if getattr(args, name) < minimum:
+            p.error(f"--{name.replace('_', '-')} must be at least {minimum}, not {getattr(args, name)}")
+    if args.lr <= 0 or args.num_workers < 0 or args.dist_timeout <= 0:
+        p.error("--lr and --dist-timeout must be positive, --num-workers not negative")
+    if args.device is None:
+        try:
+            args.device = requested_device()
+        except DeviceError as error:
+            p.error(str(error))
+    return dataclass_from_args(TrainConfig, args)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class EpochBatches(BatchSampler):
+    """One rank's batches of an epoch, from batch ``start`` on: a run resumed from a mid-epoch checkpoint
+    skips the batches already trained without reading them. ``len()`` stays the epoch's whole count."""
+
+    def __init__(self, shares: DistributedSampler[Any], batch_size: int) -> None:
+        super().__init__(shares, batch_size=batch_size, drop_last=False)
+        self.shares = shares
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Epoch ``epoch``'s shuffle (the same on every rank, and on a resume), from batch ``start`` on."""
+        self.shares.set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return itertools.islice(super().__iter__(), self.start, None)
+
+
+def make_loader(
+    dataset: TensorDataset, env: DistEnv, config: TrainConfig, pin: bool
+) -> tuple[DataLoader[Any], EpochBatches]:
+    """Each rank reads its 1/world_size share; a batch is read with one tensor index, not sample by sample."""
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=config.seed, drop_last=False
+    )
+    batches = EpochBatches(sampler, config.batch_size)
+    loader: DataLoader[Any] = DataLoader(
+        dataset, sampler=batches, batch_size=None, num_workers=config.num_workers, pin_memory=pin
+    )
+    return loader, batches
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float32, device=device)  # float32: see loss_sums
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return [float(v) for v in tensor.tolist()]
+
+
+def run_batch(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, targets: Any) -> torch.Tensor:
+    """One optimizer step; returns the batch's mean loss, detached (still on the device: no sync here)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(inputs), targets)
+    loss.backward()  # type: ignore[no-untyped-call]  # DDP averages the gradients across ranks here
+    optimizer.step()
+    return loss.detach()
+
+
+@dataclass
+class PendingLog:
+    """A step log whose loss is being all-reduced in the background: training does not wait for it."""
+
+    work: Any  # the collective's handle
+    sums: torch.Tensor  # [sum of loss x samples, samples], reduced in place
+    epoch: int
+    step: int
+    batch: int
+    carried: tuple[float, float] = (0.0, 0.0)  # the reduced sums of the window's steps before a checkpoint
+
+    def report(self, reporter: Reporter, epochs: int, batches: int) -> None:
+        self.work.wait()
+        loss_sum, count = self.sums.tolist()
+        loss_sum, count = self.carried[0] + loss_sum, self.carried[1] + count
+        mean = loss_sum / max(count, 1.0)
+        reporter.progress(self.epoch, epochs, self.batch, batches, mean)
+        reporter.record(
+            {"kind": "step", "epoch": self.epoch, "step": self.step, "loss": mean, "samples": int(count)}
+        )
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    loss: float  # mean over all ranks and the whole epoch (batches before a resume included)
+    samples: float  # over all ranks, the whole epoch
+    trained_samples: float  # over all ranks, by this run (less than ``samples`` in an epoch resumed midway)
+    batches: int  # this rank's batches trained by this run
+    local_loss: float  # this rank's mean over those batches
+
+
+def run_epoch(
+    state: TrainState,
+    loader: DataLoader[Any],
+    device: torch.device,
+    config: TrainConfig,
+    reporter: Reporter,
+    start: EpochProgress | None = None,
+    rng: dict[str, Any] | None = None,
+    checkpoint: Callable[[EpochProgress], None] | None = None,
+) -> EpochResult:
+    """Train one epoch, or its rest after ``start.batch`` batches (the loader skips those).
+
+    Every ``log_every`` steps the losses since the last log are all-reduced asynchronously and reported at
+    the next log point (or the epoch's end), so logging costs no wait on the other ranks. With
+    ``checkpoint_every``, every that many global steps but at the epoch's last batch, every rank reports the
+    pending log (so no step record up to the checkpoint is lost with a killed run), all-reduces the loss
+    sums so far, and calls ``checkpoint`` with the epoch's progress (rank 0 writes it). ``rng``: the RNG
+    states to restore once the epoch's iterator is made (making it draws a seed from the torch RNG, which
+    the run that wrote the mid-epoch checkpoint did before it).
+    """
+    state.model.train()  # type: ignore[no-untyped-call]
+    start = start or EpochProgress()
+    batches = len(loader)
+    carried = (start.loss_sum, start.samples)  # reduced sums of the epoch's batches before ``losses``
+    log_carried = (start.log_loss_sum, start.log_samples)  # ... of the unlogged steps before ``losses``
+    local_carried = (0.0, 0.0)  # this rank's sums of the batches of this run before ``losses``
+    losses: list[torch.Tensor] = []
+    sizes: list[int] = []
+    logged = 0  # entries of losses/sizes already logged
+    pending: PendingLog | None = None
+    trained = 0
+    iterator = iter(loader)
+    if rng is not None:
+        ckpt.restore_rng_state(rng)
+    for batch, (inputs, targets) in enumerate(iterator, start=start.batch + 1):
+        inputs = inputs.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        losses.append(run_batch(state.model, state.optimizer, inputs, targets))
+        sizes.append(int(targets.shape[0]))
+        state.step += 1
+        trained += 1
+        if config.log_every and state.step % config.log_every == 0:
+            if pending is not None:
+                pending.report(reporter, config.epochs, batches)
+            sums = loss_sums(losses[logged:], sizes[logged:], device)
+            work = dist.all_reduce(sums, op=dist.ReduceOp.SUM, async_op=True)
+            pending = PendingLog(work, sums, state.epoch + 1, state.step, batch, log_carried)
+            log_carried = (0.0, 0.0)
+            logged = len(losses)
+        if (
+            checkpoint
+            and config.checkpoint_every
+            and state.step % config.checkpoint_every == 0
+            and batch < batches
+        ):
+            if pending is not None:
+                pending.report(reporter, config.epochs, batches)
+                pending = None
+            sums = torch.cat(
+                [loss_sums(losses, sizes, device), loss_sums(losses[logged:], sizes[logged:], device)]
+            )
+            local_sum, local_count = sums[:2].tolist()
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+            epoch_sum, epoch_count, log_sum, log_count = sums.tolist()
+            carried = (carried[0] + epoch_sum, carried[1] + epoch_count)
+            log_carried = (log_carried[0] + log_sum, log_carried[1] + log_count)
+            local_carried = (local_carried[0] + local_sum, local_carried[1] + local_count)
+            losses, sizes, logged = [], [], 0
+            checkpoint(EpochProgress(batch, *carried, *log_carried))
+    if pending is not None:
+        pending.report(reporter, config.epochs, batches)
+    sums = loss_sums(losses, sizes, device)
+    local_sum, local_count = sums.tolist()
+    local_sum, local_count = local_carried[0] + local_sum, local_carried[1] + local_count
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    total_sum, total_count = sums.tolist()
+    total_sum, total_count = carried[0] + total_sum, carried[1] + total_count
+    return EpochResult(
+        loss=total_sum / max(total_count, 1.0),
+        samples=total_count,
+        trained_samples=total_count - start.samples,
+        batches=trained,
+        local_loss=local_sum / max(local_count, 1.0),
+    )
+
+
+def loss_sums(losses: list[torch.Tensor], sizes: list[int], device: torch.device) -> torch.Tensor:
+    """[sum of loss x batch size, samples] as one float32 tensor on the device, ready to all-reduce.
+
+    float32: HCCL on Atlas training products reduces no float64."""
+    if not losses:
+        return torch.zeros(2, dtype=torch.float32, device=device)
+    weights = torch.tensor(sizes, dtype=torch.float32, device=device)
+    return torch.stack([(torch.stack(losses).float() * weights).sum(), weights.sum()])
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, dataset: TensorDataset, env: DistEnv, device: torch.device
+) -> tuple[float, float]:
+    """(loss, accuracy) on the whole test set: rank r takes samples r, r+W, ..., so none is counted twice."""
+    model.eval()
+    inputs_all, targets_all = dataset.tensors
+    mine = torch.arange(env.rank, len(targets_all), env.world_size)
+    loss_sum, correct = 0.0, 0.0
+    for chunk in mine.split(EVAL_BATCH_SIZE):  # type: ignore[no-untyped-call]
+        inputs, targets = inputs_all[chunk].to(device), targets_all[chunk].to(device)
+        logits = model(inputs)
+        loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+        correct += float((logits.argmax(dim=1) == targets).sum())
+    loss_sum, correct, count = all_reduce_sum([loss_sum, correct, float(len(mine))], device)
+    return loss_sum / max(count, 1.0), correct / max(count, 1.0)
+
+
+def params_digest(model: nn.Module) -> str:
+    """SHA-256 of every parameter and buffer, in order: equal digests mean bitwise equal models."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def agree_on_start(config: TrainConfig, env: DistEnv) -> tuple[Path, bytes] | None:
+    """Rank 0 decides how the run starts and tells every rank, so that all fail or go on together.
+
+    Returns the checkpoint to resume from and its verified bytes, or None to start from scratch. Only rank 0
+    reads the checkpoints folder: the other nodes need no shared filesystem.
+    """
+    decision: tuple[str, Any, Any] = ("fresh", None, None)
+    if env.is_main:
+        try:
+            decision = _decide_start(config)
+        except CheckpointError as error:
+            decision = ("error", str(error), None)
+    box: list[Any] = [decision]
+    dist.broadcast_object_list(box, src=0)
+    action, detail, payload = box[0]
+    if action == "error":
+        raise CheckpointError(detail)
+    return (Path(detail), payload) if action == "resume" else None
+
+
+def _decide_start(config: TrainConfig) -> tuple[str, Any, Any]:
+    existing = ckpt.list_checkpoints(config.checkpoint_dir)
+    if not config.resume:
+        if existing:
+            raise CheckpointError(
+                f"{config.checkpoint_dir} already holds {len(existing)} checkpoint(s) of an earlier run: "
+                "pass --resume to continue it, or use another --output-dir (or delete them) to start over"
+            )
+        return "fresh", None, None
+    if not existing:
+        return "fresh", None, None
+    path = existing[-1][1]
+    try:
+        payload = ckpt.read_verified(path)
+    except CheckpointError as error:
+        older = f" to resume from {existing[-2][1].name}" if len(existing) > 1 else ""
+        raise CheckpointError(f"{error}; delete it{older}, or start over in another --output-dir") from None
+    return "resume", str(path), payload
+
+
+def restore(
+    raw_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    path: Path,
+    payload: bytes,
+    config: TrainConfig,
+    reporter: Reporter,
+) -> Resumed:
+    """Load a verified checkpoint into the unwrapped model and the optimizer, before the DDP wrap."""
+    saved = ckpt.decode(payload, path)  # onto the cpu; load_state_dict copies onto the model's device
+    saved_dataset = saved.get("config", {}).get("dataset")
+    if saved_dataset != config.dataset:
+        raise CheckpointError(
+            f"checkpoint {path} was written by a run on dataset {saved_dataset!r}, this run asks for "
+            f"{config.dataset!r}: use the same --dataset, or another --output-dir"
+        )
+    try:
+        raw_model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as error:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {error}") from error
+    for group in optimizer.param_groups:
+        group["lr"] = config.lr  # the command line wins over the checkpoint
+    ckpt.restore_rng_state(saved["rng"])
+    saved_layout = (saved.get("world_size"), saved.get("config", {}).get("batch_size"))
+    layout = (dist.get_world_size(), config.batch_size)
+    if saved_layout != layout:
+        reporter.main_line(
+            f"note: checkpoint {path.name} was written with world size {saved_layout[0]} and batch size "
+            f"{saved_layout[1]}, this run has {layout[0]} and {layout[1]}: it goes on, "
+            "but its data order and steps differ from those of an uninterrupted run"
+        )
+    resumed = Resumed(path, int(saved["epoch"]), int(saved["step"]), dict(saved.get("metrics", {})))
+    batch = int(saved.get("batch") or 0)  # batches done of epoch ``epoch + 1``: 0 at an epoch's end
+    if batch > 0:
+        # The samples already trained, counted in batches of this run's layout (rounded down).
+        saved_world, saved_batch_size = int(saved_layout[0] or layout[0]), int(saved_layout[1] or layout[1])
+        skip = batch * saved_world * saved_batch_size // (layout[0] * layout[1])
+        resumed.progress = EpochProgress.from_checkpoint(saved, skip)
+        resumed.rng = saved["rng"]
+    return resumed
+
+
+def prepare(
+    config: TrainConfig, env: DistEnv, placement: Placement, data: Data, reporter: Reporter
+) -> tuple[TrainState, Resumed]:
+    """Model and optimizer, from scratch or from the newest checkpoint, then the DDP wrap."""
+    seed_everything(config.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    raw_model = build_model(data).to(placement.device)
+    optimizer = torch.optim.SGD(raw_model.parameters(), lr=config.lr, momentum=config.momentum)
+    resumed = Resumed()
+    found = agree_on_start(config, env)
+    if found is not None:
+        resumed = restore(raw_model, optimizer, *found, config, reporter)
+        if resumed.epoch >= config.epochs:
+            # Every rank restored the same checkpoint, so every rank stops here together.
+            raise CheckpointError(
+                f"--epochs {config.epochs} is not above the checkpoint's epoch {resumed.epoch} "
+                f"({_relative(resumed.path, config.output_dir)}): --epochs is the total to reach, so nothing "
+                f"would train; ask for --epochs {resumed.epoch + 1} or more to continue"
+            )
+        reporter.line(f"resuming from {resumed.path} (epoch {resumed.epoch}, step {resumed.step})")
+        if resumed.progress is not None:
+            reporter.main_line(
+                f"epoch {resumed.epoch + 1} goes on after its first {resumed.progress.batch} batches"
+            )
+    elif config.resume:
+        reporter.main_line(f"--resume: no checkpoint in {config.checkpoint_dir}, starting from scratch")
+    model = DDP(raw_model, device_ids=placement.device_ids)
+    return TrainState(model, optimizer, resumed.epoch, resumed.step), resumed
+
+
+def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -> dict[str, Any]:
+    """Train to ``config.epochs`` in an initialised process group; returns the summary (rank 0 writes it)."""
+    device = placement.device
+    reporter = Reporter(env.rank, env.world_size, config.output_dir)
+    reporter.line(
+        f"started by {env.launcher}: local rank {env.local_rank}/{env.local_world_size}, "
+        f"node {env.node_rank}, master {env.master_addr}:{env.master_port}, "
+        f"device {device}, backend {placement.backend}"
+    )
+    state, resumed = prepare(config, env, placement, data, reporter)
+    loader, batches = make_loader(data.train, env, config, pin=placement.kind == "cuda")
+    reporter.open_metrics(keep_until_step=state.step if resumed.path else None)
+    reporter.main_line(
+        f"training {data.name} ({len(data.train)} samples) epochs {state.epoch + 1}..{config.epochs}, "
+        f"global batch {config.batch_size * env.world_size}"
+    )
+    last_record, checkpoint = resumed.last_epoch_record, resumed.path
+    samples_trained, busy_seconds, busy_cpu_seconds, eval_seconds = 0.0, 0.0, 0.0, 0.0
+
+    def save_mid_epoch(progress: EpochProgress) -> None:
+        nonlocal checkpoint
+        if env.is_main:
+            snapshot = _snapshot(state, config, env, last_record) | progress.to_checkpoint()
+            checkpoint = ckpt.save_checkpoint(
+                config.checkpoint_dir, state.epoch, snapshot, config.checkpoint_keep, step=state.step
+            )
+
+    progress, rng = resumed.progress, resumed.rng  # for the first epoch only
+    loop_start = time.perf_counter()
+    try:
+        for epoch in range(state.epoch, config.epochs):
+            # a new shuffle each epoch, the same on every rank; an epoch resumed midway skips what it trained
+            batches.set_epoch(epoch, progress.batch if progress else 0)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            result = run_epoch(state, loader, device, config, reporter, progress, rng, save_mid_epoch)
+            progress, rng = None, None
+            trained, trained_cpu = time.perf_counter(), time.process_time()
+            test_loss, accuracy = evaluate(state.model.module, data.test, env, device)
+            evaluated, evaluated_cpu = time.perf_counter(), time.process_time()
+            state.epoch = epoch + 1
+            last_record = {
+                "kind": "epoch",
+                "epoch": state.epoch,
+                "step": state.step,
+                "loss": result.loss,
+                "test_loss": test_loss,
+                "test_accuracy": accuracy,
+                "samples": int(result.samples),
+                "seconds": trained - start,
+                "samples_per_s": result.trained_samples / (trained - start),
+            }
+            if env.is_main:
+                snapshot = _snapshot(state, config, env, last_record)
+                checkpoint = ckpt.save_checkpoint(
+                    config.checkpoint_dir, state.epoch, snapshot, config.checkpoint_keep
+                )
+            reporter.record(last_record)
+            reporter.main_line(
+                f"epoch {state.epoch}/{config.epochs} loss {result.loss:.4f} test_loss {test_loss:.4f} "
+                f"test_accuracy {accuracy:.4f} {last_record['samples_per_s']:.0f} samples/s"
+            )
+            reporter.line(
+                f"epoch {state.epoch} done: {result.batches} batches, local loss {result.local_loss:.4f}"
+            )
+            samples_trained += result.trained_samples
+            eval_seconds += evaluated - trained
+            # busy: training, checkpoint and logs, not evaluation
+            busy_seconds += time.perf_counter() - start - (evaluated - trained)
+            busy_cpu_seconds += time.process_time() - start_cpu - (evaluated_cpu - trained_cpu)
+        seconds = time.perf_counter() - loop_start
+        digest = params_digest(state.model.module)
+        reporter.line(f"done: epoch {state.epoch}, step {state.step}, params sha256 {digest}")
+        summary = {
+            "dataset": config.dataset,
+            "epochs": state.epoch,
+            "world_size": env.world_size,
+            "batch_size": config.batch_size,
+            "global_batch_size": config.batch_size * env.world_size,
+            "lr": config.lr,
+            "steps": state.step,
+            "final_loss": last_record.get("loss"),
+            "accuracy": last_record.get("test_accuracy"),
+            "test_loss": last_record.get("test_loss"),
+            "samples": int(samples_trained),
+            "samples_per_s": samples_trained / busy_seconds if busy_seconds > 0 else None,
+            "seconds": seconds,
+            "train_seconds": busy_seconds,
+            "train_cpu_seconds": busy_cpu_seconds,  # of this process (rank 0): immune to other load
+            "eval_seconds": eval_seconds,
+            "device": placement.kind,
+            "backend": placement.backend,
+            "launcher": env.launcher,
+            "checkpoint": _relative(checkpoint, config.output_dir),
+            "resumed_from": _relative(resumed.path, config.output_dir),
+            "params_sha256": digest,
+        }
+        reporter.write_summary(summary)
+        return summary
+    finally:
+        reporter.close()
+
+
+def _snapshot(state: TrainState, config: TrainConfig, env: DistEnv, record: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds at an epoch's end (``batch`` 0); a mid-epoch one adds its EpochProgress."""
+    return {
+        "model": state.model.module.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "epoch": state.epoch,
+        "step": state.step,
+        "rng": ckpt.capture_rng_state(),
+        "config": config.to_dict(),
+        "world_size": env.world_size,
+        "metrics": record,  # the last completed epoch's record
+        "batch": 0,
+    }
+
+
+def _relative(path: Path | None, root: Path) -> str | None:
+    """Paths in summary.json are relative to the output folder, which the launcher copies elsewhere."""
+    if path is None:
+        return None
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    env: DistEnv | None = None
+    try:
+        env = resolve_dist_env()
+        announce_binding(env)
+        placement = select_placement(config.device, config.backend, env)
+        data = load_dataset(
+            config.dataset, config.data_dir, config.seed, config.synthetic_samples, config.synthetic_features
+        )
+        with process_group(env, placement, config.dist_timeout):
+            train(config, env, placement, data)
+    except DdpClusterError as error:
+        print(f"ddp_cluster.runtime.train: {where(env)}: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())  # no interpreter finalization after the collectives (see ddp_cluster.runtime.finish)

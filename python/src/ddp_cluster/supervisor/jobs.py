@@ -1,0 +1,255 @@
+"""The cluster's jobs, from the nodes themselves: what ``ansible-playbook jobs.yml`` lists and stops.
+
+On each node (in its container, one command: ``python -m ddp_cluster.supervisor.jobs --jobs-dir
+/workspace/jobs``)
+:func:`node_report` reads the jobs' directories (a job's ``status.json`` is on its first node, where its
+supervisor runs; ``job.json`` is on every node of it) and the processes (``/proc/*/cmdline``): which jobs run
+here (busy), and whose supervisor lives here. It prints one JSON document. With ``--stop ID`` it first stops
+job ID here: its supervisor, when it lives here, is asked to stop every rank on every node (SIGUSR1 with the
+reason, as train.yml's Ctrl-C does) and waited for; the ranks still here after that are killed; a status left
+``running`` by a supervisor that is gone is closed as failed, so that ``train.yml -e attach=ID`` collects it.
+
+On the controller :func:`table` merges the nodes' documents into the lines jobs.yml prints: each job (id,
+state, nodes, progress, started, restarts) and each node (free, busy with a job, down).
+
+Standard library only: it runs in the node image's Python and on the controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ddp_cluster.files import write_atomic
+from ddp_cluster.job import status as job_status
+
+JOB_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+# The newest jobs listed per node (by their directory's time), besides those that run.
+NEWEST = 20
+STOP_WAIT = 60.0  # seconds for a supervisor to stop its job
+RANKS_WAIT = 20.0  # seconds for a job's processes to end on a node whose supervisor stops them
+
+
+def interrupt_file(playbook_pid: int) -> Path:
+    """The file the ddp_job_interrupt callback leaves when the playbook (process ``playbook_pid``) gets
+    Ctrl-C while a job is waited for; the ddp_job_wait action, a child of that process, looks for it."""
+    return Path(tempfile.gettempdir(), f"ddp-cluster-interrupt.{playbook_pid}")
+
+
+# --- on a node ---------------------------------------------------------------------------------------------
+def processes(jobs_dir: str) -> dict[int, str]:
+    """pid -> command line of every process (but this one) whose command line names a job's directory."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        if f"{jobs_dir}/" in line:
+            found[int(entry.name)] = line
+    return found
+
+
+def running(jobs_dir: str) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """(job id -> its processes here, job id -> its supervisor's pid here)."""
+    busy: dict[str, list[int]] = {}
+    supervisors: dict[str, int] = {}
+    supervisor = re.compile(rf"ddp_cluster[.]supervise --job-dir {re.escape(jobs_dir)}/({JOB_ID})\s*$")
+    member = re.compile(rf"{re.escape(jobs_dir)}/({JOB_ID})")
+    for pid, line in processes(jobs_dir).items():
+        if match := supervisor.search(line):
+            supervisors[match.group(1)] = pid
+        for job in set(member.findall(line)):
+            busy.setdefault(job, []).append(pid)
+    return busy, supervisors
+
+
+def _job_file(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / "job.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def node_report(jobs_dir: str, newest: int = NEWEST) -> dict[str, Any]:
+    """What this node knows of the jobs (see the module's text), as a JSON-ready mapping."""
+    busy, supervisors = running(jobs_dir)
+    root = Path(jobs_dir)
+    folders = sorted(
+        (folder for folder in root.iterdir() if folder.is_dir()) if root.is_dir() else [],
+        key=lambda folder: folder.stat().st_mtime,
+    )
+    with_status = [folder for folder in folders if (folder / job_status.FILE).is_file()]
+    listed = with_status[-newest:] if newest > 0 else []
+    listed += [root / job for job in busy if root / job not in listed]
+    jobs: dict[str, Any] = {}
+    for folder in listed:
+        spec = _job_file(folder)
+        found = job_status.read(folder / job_status.FILE)
+        jobs[folder.name] = {
+            "status": found.to_dict() if found else None,
+            "nodes": spec.get("nodes", []),
+            "spares": spec.get("spares", []),
+            "kind": spec.get("kind", "train"),
+            "max_restarts": spec.get("max_restarts", 0),
+            "supervisor": supervisors.get(folder.name),
+        }
+    return {
+        "node": socket.gethostname(),
+        "now": time.time(),
+        "jobs": jobs,
+        "busy": sorted(busy),
+        "supervisors": supervisors,
+    }
+
+
+def _gone(pids: Sequence[int]) -> bool:
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return False
+        return False
+    return True
+
+
+def _wait_gone(pids: Sequence[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not _gone(pids):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def stop_here(jobs_dir: str, job: str, reason: str) -> dict[str, Any]:
+    """Stop job ``job`` on this node (see the module's text); what was done."""
+    busy, supervisors = running(jobs_dir)
+    done: dict[str, Any] = {"job": job, "supervisor": False, "killed": 0, "closed": False}
+    folder = Path(jobs_dir, job)
+    if job in supervisors:
+        write_atomic(folder / "stop-reason", (reason + "\n").encode())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisors[job], signal.SIGUSR1)
+        done["supervisor"] = _wait_gone([supervisors[job]], STOP_WAIT)
+    elif busy.get(job):
+        _wait_gone(busy[job], RANKS_WAIT)  # the supervisor, on another node, stops them
+    left, _ = running(jobs_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = left.get(job, [])
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                done["killed"] += 1 if sig == signal.SIGTERM else 0
+            except ProcessLookupError:
+                pass
+        if not pids or _wait_gone(pids, 3.0):
+            break
+    found = job_status.read(folder / job_status.FILE)
+    if found is not None and not found.done and job not in running(jobs_dir)[1]:
+        # its supervisor is gone (killed with its node's processes, or before): close the status
+        closed = found.update(
+            state="failed",
+            reason=f"{reason} (its supervisor was no longer running)",
+            interrupted=reason,
+            updated=time.time(),
+        )
+        write_atomic(folder / job_status.FILE, closed.dumps().encode())
+        done["closed"] = True
+    return done
+
+
+# --- on the controller -------------------------------------------------------------------------------------
+def _started(found: Mapping[str, Any]) -> str:
+    updated, elapsed = found.get("updated") or 0, found.get("elapsed") or 0
+    if not updated:
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(updated) - float(elapsed)))
+
+
+def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> list[str]:
+    """The lines jobs.yml prints, from each node's :func:`node_report` (``down``: node -> why no report)."""
+    down = dict(down or {})
+    jobs: dict[str, dict[str, Any]] = {}
+    busy: dict[str, list[str]] = {}
+    for node, report in sorted(reports.items()):
+        for job in report.get("busy", []):
+            busy.setdefault(node, []).append(job)
+        for job, item in report.get("jobs", {}).items():
+            entry = jobs.setdefault(job, {"nodes": item.get("nodes", []), "status": None})
+            if item.get("status"):
+                entry.update(status=item["status"], first=node, supervisor=item.get("supervisor"))
+            entry["max_restarts"] = item.get("max_restarts", 0)
+    rows = [("job", "state", "nodes", "progress", "started", "restarts")]
+    order = sorted(jobs.items(), key=lambda pair: (pair[1].get("status") or {}).get("updated") or 0)
+    for job, entry in order:
+        found = entry.get("status") or {}
+        state = str(found.get("state") or "")
+        if not found:  # status.json is on the job's first node: it did not answer, or never ran it
+            state = "unknown (no status: its first node did not answer)"
+        elif state in ("starting", "running") and not entry.get("supervisor"):
+            state = f"{state}, no supervisor on {entry.get('first')}"
+        nodes = found.get("nodes") or entry.get("nodes") or []
+        progress = job_status.describe_progress(found.get("progress")) if found else "?"
+        restarts = f"{len(found.get('restarts') or [])}/{entry.get('max_restarts', 0)}"
+        rows.append((job, state, ",".join(nodes), progress[:60], _started(found) if found else "?", restarts))
+    widths = [max(len(str(row[index])) for row in rows) for index in range(len(rows[0]))]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    if len(rows) == 1:
+        lines.append("(no job on these nodes)")
+    lines.append("")
+    for node in sorted(set(reports) | set(down)):
+        if node in down:
+            lines.append(f"{node}: down ({down[node][:120]})")
+        elif busy.get(node):
+            lines.append(f"{node}: busy: {', '.join(busy[node])}")
+        else:
+            lines.append(f"{node}: free")
+    for job, entry in order:
+        for record in (entry.get("status") or {}).get("restarts") or []:
+            lines.append(f"{job}: {job_status.describe_restart(record)}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ddp_cluster.supervisor.jobs", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--jobs-dir", default="/workspace/jobs", help="the jobs' directory in the node")
+    parser.add_argument("--stop", default="", help="stop this job here first")
+    parser.add_argument("--reason", default="stopped with jobs.yml -e stop=ID", help="why (the status says)")
+    args = parser.parse_args(argv)
+    jobs_dir = args.jobs_dir.rstrip("/")
+    stopped = None
+    if args.stop:
+        if not re.fullmatch(JOB_ID, args.stop):
+            parser.error(f"--stop {args.stop!r} is not a job id")
+        stopped = stop_here(jobs_dir, args.stop, args.reason)
+    report = node_report(jobs_dir)
+    if stopped is not None:
+        report["stopped"] = stopped
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
