@@ -1,5 +1,5 @@
-"""Where the node image is built (cluster_image_builder, issue 22): on the controller (the registry path of
-issue 10: the controller's registry, every server pulls through its tunnel) against on a server (the build
+"""Where the node image is built (cluster_image_builder): on the controller (the registry path of
+the controller's registry, every server pulls through its tunnel) against on a server (the build
 server's engine builds from a context sent by the controller; the others pull from a registry on it over the
 cluster's own network), side by side, on 2 and 4 simulated servers, each fresh with the base image on every
 server (as at an Ascend site, where the CANN base is loaded on each).

@@ -3,7 +3,7 @@
 The same job (digits, 2 epochs, one rank per node) both ways: train.yml -e nodes=N (plan, node checks, start,
 progress, results fetched and reported) and `docker exec node0 mpirun ...` (no checks, nothing fetched). Runs
 alternate (train.yml, bare, ...) so that both see the same machine load; the medians are reported, and the
-difference of the wall times is the launch cost. Targets (issue 24): <= 3 s for 2 nodes, <= 5 s for 8 nodes.
+difference of the wall times is the launch cost. Targets: <= 3 s for 2 nodes, <= 5 s for 8 nodes.
 Brings the local cluster up to the largest node count first (site.yml with DDP_LOCAL_NODES).
 
     .venv/bin/python bench/bench_launch.py [--nodes 2 8] [--repeat 3]

@@ -1,4 +1,4 @@
-"""A job's lifecycle (issue 25), on the local inventory with 3 nodes (node2 the spare of a 2-node job):
+"""A job's lifecycle, on the local inventory with 3 nodes (node2 the spare of a 2-node job):
 
 * detach: train.yml -e detach=true's wall time, and its return after every rank ran (target: within 10 s);
 * jobs.yml on 2 nodes (target: within 5 s), median of --repeat runs;
