@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ddp_cluster.ascend import cli as ddp_cli
 from ddp_cluster.ascend import hccn
 from ddp_cluster.ascend.cli import cli
 
@@ -171,3 +172,88 @@ def test_cli_diff_lists_the_calls_then_nothing_once_set(
 def test_cli_names_a_host_outside_the_plan(double: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["diff", str(double.parent / "plan.yml"), "--host", "s7", "--tool", str(double)]) == 2
     assert "s7 is not a server of the NPU device-IP plan" in capsys.readouterr().err
+
+
+def test_configure_reads_every_device_first_then_sets_only_what_differs(double: Path) -> None:
+    settings = hccn.device_settings(plan(), "s0")[:2]
+    calls: list[list[str]] = []
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        calls.append(argv)
+        return ddp_cli.run([str(double), *argv[1:]])
+
+    checked, failure = hccn.configure("hccn_tool", settings, run, check=True)
+    assert failure == "" and checked["changed"] and checked["applied"] == []
+    assert [change["line"] for change in checked["changes"]][:2] == [
+        "device 0 ip: unset -> 192.168.100.101 255.255.255.0",
+        "device 1 ip: unset -> 192.168.101.101 255.255.255.0",
+    ]
+    assert "device 0 ip: unset\n" in checked["diff"]["before"]
+    assert all(argv[-1] == "-g" for argv in calls)  # check mode sets nothing
+    assert [argv[2:4] for argv in calls] == [
+        ["0", "-ip"],
+        ["1", "-ip"],
+        ["0", "-netdetect"],
+        ["1", "-netdetect"],
+    ]
+    done, failure = hccn.configure("hccn_tool", settings, run, check=False)
+    assert failure == "" and done["changed"] and len(done["applied"]) == 4
+    assert (
+        " ".join(done["applied"][0]) == "hccn_tool -i 0 -ip -s address 192.168.100.101 netmask 255.255.255.0"
+    )
+    again, _ = hccn.configure("hccn_tool", settings, run, check=False)
+    assert not again["changed"] and again["changes"] == [] and again["applied"] == []
+
+
+def test_configure_sets_nothing_when_a_read_fails_and_stops_at_a_refused_set() -> None:
+    settings = hccn.device_settings(plan(), "s0")[:2]
+    unreadable, failure = hccn.configure(
+        "hccn_tool", settings, lambda argv: (127, "", "not found"), check=False
+    )
+    assert failure == "" and not unreadable["changed"] and unreadable["changes"] == []
+    assert [(read["device"], read["query"], read["rc"]) for read in unreadable["failed_reads"]] == [
+        (0, "-ip", 127),
+        (0, "-netdetect", 127),
+        (1, "-ip", 127),
+        (1, "-netdetect", 127),
+    ]
+
+    def refuse(argv: list[str]) -> tuple[int, str, str]:
+        return (1, "", "device busy") if "-s" in argv else (0, "", "")
+
+    refused, failure = hccn.configure("hccn_tool", settings, refuse, check=False)
+    assert failure == (
+        "device 0: `hccn_tool -i 0 -ip -s address 192.168.100.101 netmask 255.255.255.0` failed (rc 1): "
+        "device busy"
+    )
+    assert not refused["changed"] and refused["applied"] == []
+
+
+def test_verify_polls_net_health_within_one_deadline_then_names_each_device() -> None:
+    settings = hccn.device_settings(plan(), "s0")[:2]
+    ips0 = plan()["servers"][0]["device_ips"]
+    polls = {0: 0, 1: 0}
+    now = [0.0]
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        device, query = int(argv[2]), argv[3]
+        if query == "-ip":
+            return 0, f"ipaddr:{ips0[device]}\nnetmask:255.255.255.0\n", ""
+        if query == "-net_health":
+            polls[device] += 1
+            ready = device == 0 and polls[device] >= 2  # device 0 after one wait; device 1 never
+            return 0, f"net health status: {'Success' if ready else 'Init'}\n", ""
+        return 0, {"-link": "link status: UP\n", "-lldp": "Chassis ID TLV\n"}[query], ""
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    checked = hccn.verify("hccn_tool", settings, run, True, 10, 3, clock=lambda: now[0], sleep=sleep)
+    assert checked["problems"] == [f"device 1: net health Init (netdetect address {settings[1]['detect']})"]
+    assert polls == {0: 2, 1: 4} and checked["health_seconds"] == 9.0
+    assert checked["failed_reads"] == [] and checked["devices"]["0"]["-net_health"]["cmd"][-2:] == [
+        "-net_health",
+        "-g",
+    ]
+    once = hccn.verify("hccn_tool", settings[:1], run, True, 0, 3, clock=lambda: now[0], sleep=sleep)
+    assert once["problems"] == [] and once["health_seconds"] == 0.0

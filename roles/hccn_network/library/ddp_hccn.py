@@ -9,8 +9,7 @@ module: ddp_hccn
 short_description: Read, compare and set Ascend device NIC settings with hccn_tool, or check their health
 description:
   - The logic is ddp_cluster.ascend.hccn (shipped as module_utils), the same code as the role's filters and
-  the
-    C(ddp-cluster hccn) command.
+    the C(ddp-cluster hccn) command.
   - C(mode=configure) reads every device's address, netdetect address and gateway (all before any is set),
     works out the C(hccn_tool -s) calls for what differs, and runs them in order, stopping at the first that
     fails. A read that fails sets nothing and is returned in C(failed_reads). Check mode runs no C(-s) and
@@ -76,17 +75,14 @@ health_seconds:
   returned: always
 """
 
-import time  # noqa: E402  (Ansible modules put DOCUMENTATION first)
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402  (Ansible modules put DOCUMENTATION first)
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 if TYPE_CHECKING:  # the same file: module_utils/ddp_hccn.py links to the package's module
-    from ddp_cluster.ascend.hccn import change_line, healthy, problems
-    from ddp_cluster.ascend.hccn import changes as hccn_changes
+    from ddp_cluster.ascend.hccn import configure, verify
 else:
-    from ansible.module_utils.ddp_hccn import change_line, healthy, problems
-    from ansible.module_utils.ddp_hccn import changes as hccn_changes
+    from ansible.module_utils.ddp_hccn import configure, verify
 
 
 def main() -> None:
@@ -101,91 +97,33 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    tool = module.params["tool"]
-    settings = module.params["settings"]
-    devices = [int(setting["device"]) for setting in settings]
+    params = module.params
+    tool = params["tool"]
     resolved = module.get_bin_path(tool) if "/" not in tool else tool
-    results: dict[str, dict[str, dict[str, Any]]] = {str(device): {} for device in devices}
-    outcome: dict[str, Any] = {
-        "devices": results,
-        "failed_reads": [],
-        "changes": [],
-        "applied": [],
-        "problems": [],
-        "health_seconds": 0.0,
-    }
 
-    def read(device: int, query: str) -> dict[str, Any]:
-        argv = [tool, "-i", str(device), query, "-g"]
+    def run(argv: list[str]) -> tuple[int, str, str]:
         if resolved is None:
-            entry = {
-                "cmd": argv,
-                "rc": 127,
-                "stdout": "",
-                "stderr": f"{tool}: not found (give its full path)",
-            }
-        else:
-            try:
-                rc, out, err = module.run_command([resolved, *argv[1:]])
-            except Exception as exc:  # run_command raises for a missing executable in some versions
-                rc, out, err = 127, "", str(exc)
-            entry = {"cmd": argv, "rc": rc, "stdout": out, "stderr": err}
-        results[str(device)][query] = entry
-        return entry
+            return 127, "", f"{tool}: not found (give its full path)"
+        try:
+            rc, out, err = module.run_command([resolved, *argv[1:]])
+        except Exception as exc:  # run_command raises for a missing executable in some versions
+            return 127, "", str(exc)
+        return rc, out, err
 
-    def failed_reads() -> list[dict[str, Any]]:
-        return [
-            {"device": int(device), "query": query, **entry}
-            for device, by_query in results.items()
-            for query, entry in by_query.items()
-            if entry["rc"] != 0
-        ]
-
-    if module.params["mode"] == "verify":
-        for query in ("-ip", "-link", "-lldp"):
-            for device in devices:
-                read(device, query)
-        start = time.monotonic()
-        deadline = start + max(0, module.params["health_timeout"])
-        pending = list(devices)
-        while True:
-            pending = [device for device in pending if not healthy(read(device, "-net_health")["stdout"])]
-            if not pending or time.monotonic() + module.params["health_delay"] > deadline:
-                break
-            time.sleep(max(0, module.params["health_delay"]))
-        outcome["health_seconds"] = round(time.monotonic() - start, 1)
-        outcome["failed_reads"] = failed_reads()
-        outcome["problems"] = problems(settings, results, module.params["check_lldp"])
-        module.exit_json(changed=False, **outcome)
-
-    queries = ["-ip", "-netdetect"] + (
-        ["-gateway"] if any(setting.get("gateway") for setting in settings) else []
-    )
-    for query in queries:
-        for device in devices:
-            read(device, query)
-    outcome["failed_reads"] = failed_reads()
-    if outcome["failed_reads"]:
-        module.exit_json(changed=False, **outcome)  # nothing is set when any device could not be read
-    needed = [dict(change, line=change_line(change)) for change in hccn_changes(settings, results)]
-    outcome["changes"] = needed
-    diff = {
-        "before": "".join(f"device {c['device']} {c['setting']}: {c['current']}\n" for c in needed),
-        "after": "".join(f"device {c['device']} {c['setting']}: {c['wanted']}\n" for c in needed),
-    }
-    if module.check_mode or not needed:
-        module.exit_json(changed=bool(needed), diff=diff, **outcome)
-    for change in needed:
-        argv = [tool, "-i", str(change["device"]), *[str(arg) for arg in change["args"]]]
-        rc, out, err = module.run_command([resolved, *argv[1:]])
-        if rc != 0:
-            module.fail_json(
-                msg=f"device {change['device']}: `{' '.join(argv)}` failed (rc {rc}): {(err or out).strip()}",
-                changed=bool(outcome["applied"]),
-                **{key: value for key, value in outcome.items() if key != "changed"},
-            )
-        outcome["applied"].append(argv)
-    module.exit_json(changed=True, diff=diff, **outcome)
+    if params["mode"] == "verify":
+        checked = verify(
+            tool,
+            params["settings"],
+            run,
+            params["check_lldp"],
+            params["health_timeout"],
+            params["health_delay"],
+        )
+        module.exit_json(changed=False, **checked)
+    outcome, failure = configure(tool, params["settings"], run, module.check_mode)
+    if failure:
+        module.fail_json(msg=failure, **outcome)
+    module.exit_json(**outcome)
 
 
 if __name__ == "__main__":

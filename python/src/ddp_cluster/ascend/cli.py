@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from typing import Any
 
 from ddp_cluster.ascend import hccn
 from ddp_cluster.ascend.ipplan import plan_to_dict, read_plan_or_report
@@ -22,20 +21,13 @@ from ddp_cluster.ascend.ipplan import plan_to_dict, read_plan_or_report
 PROG = "ddp-cluster hccn"
 
 
-def read_devices(
-    tool: str, devices: list[int], queries: tuple[str, ...]
-) -> dict[str, dict[str, dict[str, Any]]]:
-    readings: dict[str, dict[str, dict[str, Any]]] = {str(device): {} for device in devices}
-    for device in devices:
-        for query in queries:
-            argv = [tool, "-i", str(device), query, "-g"]
-            try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-                entry = {"rc": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
-            except (OSError, subprocess.TimeoutExpired) as error:
-                entry = {"rc": 127, "stdout": "", "stderr": str(error)}
-            readings[str(device)][query] = entry
-    return readings
+def run(argv: list[str]) -> tuple[int, str, str]:
+    """One hccn_tool call on this machine: rc, stdout, stderr (rc 127 when it cannot run)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return 127, "", str(error)
+    return done.returncode, done.stdout, done.stderr
 
 
 def cli(argv: list[str]) -> int:
@@ -63,7 +55,7 @@ def cli(argv: list[str]) -> int:
         if args.action == "diff"
         else ("-ip", "-link", "-lldp", "-net_health")
     )
-    readings = read_devices(args.tool, devices, queries)
+    readings = hccn.read_devices(args.tool, devices, queries, run)
     failed = [(d, q, e) for d, by_query in readings.items() for q, e in by_query.items() if e["rc"] != 0]
     if failed:
         for device, query, entry in failed:

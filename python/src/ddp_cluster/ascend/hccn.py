@@ -21,10 +21,10 @@ it), what
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-QUERIES = ("-ip", "-netdetect", "-gateway", "-link", "-lldp", "-net_health")
 SETTING_ORDER = ("ip", "netdetect", "gateway")
 
 # Seed 002, table 2: "0:Success;1:Socket fail;2:Receive timeout;3:Unreachable;4:Time exceeded;5:Fault;6:Init;
@@ -42,6 +42,8 @@ NET_HEALTH_NAMES = {
 }
 
 
+# Travels alone to the servers, so it cannot derive from ddp_cluster.errors.DdpClusterError; the controller's
+# callers (ddp_cluster.inventory.npu, the hccn command) turn it into theirs.
 class HccnError(ValueError):
     """Settings that cannot be worked out (a host outside the plan, a malformed address list)."""
 
@@ -217,3 +219,120 @@ def problems(
         if reasons:
             found.append(f"device {device}: " + "; ".join(reasons))
     return found
+
+
+# --- reading and setting the devices (the role's module; the hccn command reads with the same code) ---------
+
+
+def read(
+    tool: str, device: int, query: str, run: Callable[[list[str]], tuple[int, str, str]]
+) -> dict[str, Any]:
+    """One ``TOOL -i DEVICE QUERY -g`` call through RUN (argv -> rc, stdout, stderr): its cmd, rc, stdout
+    and stderr."""
+    argv = [tool, "-i", str(device), query, "-g"]
+    rc, out, err = run(argv)
+    return {"cmd": argv, "rc": rc, "stdout": out, "stderr": err}
+
+
+def read_devices(
+    tool: str,
+    devices: Sequence[int],
+    queries: Sequence[str],
+    run: Callable[[list[str]], tuple[int, str, str]],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every query of every device, query by query (each device read once before the next query):
+    the readings, {device id (str): {query: entry}}."""
+    readings: dict[str, dict[str, dict[str, Any]]] = {str(device): {} for device in devices}
+    for query in queries:
+        for device in devices:
+            readings[str(device)][query] = read(tool, device, query, run)
+    return readings
+
+
+def failed_reads(readings: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The reads that exited non-zero: device, query, cmd, rc, stdout and stderr."""
+    return [
+        {"device": int(device), "query": query, **entry}
+        for device, by_query in readings.items()
+        for query, entry in by_query.items()
+        if entry["rc"] != 0
+    ]
+
+
+def _outcome(readings: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    return {
+        "devices": readings,
+        "failed_reads": failed_reads(readings),
+        "changes": [],
+        "applied": [],
+        "problems": [],
+        "health_seconds": 0.0,
+    }
+
+
+def verify(
+    tool: str,
+    settings: Sequence[Mapping[str, Any]],
+    run: Callable[[list[str]], tuple[int, str, str]],
+    check_lldp: bool = True,
+    health_timeout: float = 0,
+    health_delay: float = 3,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Read address, link and LLDP, then poll net_health until every device reads Success (one deadline for
+    the server; 0 reads it once); the outcome's ``problems``, one line per device that is not ready."""
+    devices = [int(setting["device"]) for setting in settings]
+    readings = read_devices(tool, devices, ("-ip", "-link", "-lldp"), run)
+    start = clock()
+    deadline = start + max(0, health_timeout)
+    pending = list(devices)
+    while True:
+        for device in pending:
+            readings[str(device)]["-net_health"] = read(tool, device, "-net_health", run)
+        pending = [
+            device for device in pending if not healthy(readings[str(device)]["-net_health"]["stdout"])
+        ]
+        if not pending or clock() + health_delay > deadline:
+            break
+        sleep(max(0, health_delay))
+    outcome = _outcome(readings)
+    outcome["health_seconds"] = round(clock() - start, 1)
+    outcome["problems"] = problems(settings, readings, check_lldp)
+    return outcome
+
+
+def configure(
+    tool: str,
+    settings: Sequence[Mapping[str, Any]],
+    run: Callable[[list[str]], tuple[int, str, str]],
+    check: bool,
+) -> tuple[dict[str, Any], str]:
+    """Read every device's address, netdetect address and gateway (all before any is set), then run the
+    ``-s`` calls for what differs, in order, stopping at the first that fails; in check mode none.
+
+    Returns the outcome (``changed``, ``diff``, the readings, the changes needed and the calls applied) and
+    why a call failed (empty when none did). A read that fails sets nothing: see ``failed_reads``."""
+    devices = [int(setting["device"]) for setting in settings]
+    queries = ["-ip", "-netdetect"] + (
+        ["-gateway"] if any(setting.get("gateway") for setting in settings) else []
+    )
+    outcome = _outcome(read_devices(tool, devices, queries, run))
+    if outcome["failed_reads"]:
+        return dict(outcome, changed=False), ""
+    needed = [dict(change, line=change_line(change)) for change in changes(settings, outcome["devices"])]
+    outcome["changes"] = needed
+    diff = {
+        "before": "".join(f"device {c['device']} {c['setting']}: {c['current']}\n" for c in needed),
+        "after": "".join(f"device {c['device']} {c['setting']}: {c['wanted']}\n" for c in needed),
+    }
+    if check or not needed:
+        return dict(outcome, changed=bool(needed), diff=diff), ""
+    for change in needed:
+        argv = [tool, "-i", str(change["device"]), *[str(arg) for arg in change["args"]]]
+        rc, out, err = run(argv)
+        if rc != 0:
+            why = f"device {change['device']}: `{' '.join(argv)}` failed (rc {rc}): {(err or out).strip()}"
+            return dict(outcome, changed=bool(outcome["applied"])), why
+        outcome["applied"].append(argv)
+    return dict(outcome, changed=True, diff=diff), ""

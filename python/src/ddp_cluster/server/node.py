@@ -1,0 +1,309 @@
+"""Bring one node up on its server in one pass: its directories, its settings file, its container and sshd's
+check; and read what the check printed.
+
+One module for the ``node_container`` role's Ansible module ``ddp_node_container`` (which ships this file to
+the servers as module_utils, so it uses the standard library only and runs on Python 3.8) and for the role's
+action on the controller, which reads the probe's lines with the same code that knows their format:
+
+- :func:`bring_up`: on the server, the whole stage for one node (each step only when something differs);
+- :func:`run_argv`, :func:`gpus_option`: the ``docker create`` arguments of a container specification;
+- :func:`sshd_failure`, :func:`probe_lines`, :func:`host_keys`, :func:`files_of`, :func:`record_of`: on the
+  controller, sshd's effective configuration checked and the probe's ``ddp-node KEY: VALUE`` lines read.
+
+The container's specification (its image's id included) is kept in its label ``ddp-cluster.spec``: a container
+whose label differs from the one asked for is removed and created again, so a new image, a changed volume or
+variable, or a container made by hand under the node's name is replaced, and an unchanged one left running.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+SPEC_LABEL = "ddp-cluster.spec"
+DOCKER_TIMEOUT = 120
+NO_DOCKER_CLI = (
+    "the docker CLI is not on this server's PATH: install it with the engine (docker-ce-cli, or Debian's "
+    "docker.io)"
+)
+SSHD_KEYS = re.compile(r"^(port|passwordauthentication|kbdinteractiveauthentication|permitrootlogin) ")
+PROBE = re.compile(r"^ddp-node ([a-z0-9-]+): ?(.*)$")
+
+
+# Travels alone to the servers, so it cannot derive from ddp_cluster.errors.DdpClusterError.
+class NodeError(Exception):
+    """The node cannot be brought up; the message says why and what to do."""
+
+
+def docker(
+    *args: str, check: bool = True, timeout: float = DOCKER_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    try:
+        done = subprocess.run(["docker", *args], capture_output=True, text=True, check=False, timeout=timeout)
+    except FileNotFoundError as error:
+        raise NodeError(NO_DOCKER_CLI) from error
+    except subprocess.TimeoutExpired as error:
+        raise NodeError(f"`docker {' '.join(args[:2])}` did not answer within {timeout:.0f} s") from error
+    if check and done.returncode != 0:
+        raise NodeError(f"`docker {' '.join(args)}` failed: {(done.stderr or done.stdout).strip()}")
+    return done
+
+
+def directories(entries: list[dict[str, Any]], check: bool) -> list[str]:
+    """Each entry's directory made, or its mode and owner (root) set, where they differ: what was done."""
+    actions = []
+    for entry in entries:
+        path, mode = entry["path"], int(str(entry["mode"]), 8)
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            actions.append(f"created directory {path}")
+            if not check:
+                os.makedirs(path, mode=mode, exist_ok=True)
+                os.chmod(path, mode)
+                os.chown(path, 0, 0)
+            continue
+        if not stat.S_ISDIR(info.st_mode):
+            raise NodeError(f"{path} exists and is not a directory: move it away")
+        if stat.S_IMODE(info.st_mode) != mode or (info.st_uid, info.st_gid) != (0, 0):
+            actions.append(f"set {path} to {entry['mode']} root:root")
+            if not check:
+                os.chmod(path, mode)
+                os.chown(path, 0, 0)
+    return actions
+
+
+def settings_file(spec: dict[str, Any], check: bool, diff: dict[str, Any]) -> list[str]:
+    """The settings file written (to a temporary file renamed over it) when its content or mode differs."""
+    path, content, mode = spec["path"], spec["content"], int(str(spec["mode"]), 8)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            before: str | None = handle.read()
+        before_mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        before, before_mode = None, None
+    if before == content and before_mode == mode:
+        return []
+    diff["before"]["settings"], diff["after"]["settings"] = before or "", content
+    if not check:
+        descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".ddp-node-")
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(content)
+            os.chmod(temporary, mode)
+            os.chown(temporary, 0, 0)
+            os.replace(temporary, path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
+            raise
+    return [f"wrote {path}" if before is not None else f"created {path}"]
+
+
+def gpus_option(request: dict[str, Any]) -> str:
+    """docker_container's device_requests entry as the CLI's --gpus value (a CSV record)."""
+    fields = []
+    if request.get("device_ids"):
+        fields.append("device=" + ",".join(str(device) for device in request["device_ids"]))
+    else:
+        count = int(request.get("count", -1))
+        fields.append("count=" + ("all" if count < 0 else str(count)))
+    if request.get("driver"):
+        fields.append(f"driver={request['driver']}")
+    capabilities = request.get("capabilities") or []
+    if len(capabilities) > 1:
+        raise NodeError(
+            "node_container_device_requests: an entry lists more than one set of capabilities; give one set, "
+            "e.g. capabilities: [[gpu, utility, compute]]"
+        )
+    if capabilities:
+        fields.append("capabilities=" + ",".join(capabilities[0]))
+    if request.get("options"):
+        raise NodeError("node_container_device_requests: options are not supported; leave them out")
+    line = io.StringIO()
+    csv.writer(line, lineterminator="").writerow(fields)
+    return line.getvalue()
+
+
+def run_argv(spec: dict[str, Any], label: str) -> list[str]:
+    """`docker create` arguments for the container SPEC, its specification LABEL on it."""
+    argv = ["create", "--name", spec["name"], "--hostname", spec["hostname"]]
+    argv += ["--restart", spec["restart_policy"], "--ipc", spec["ipc_mode"]]
+    if spec.get("init"):
+        argv.append("--init")
+    if spec.get("shm_size"):
+        argv += ["--shm-size", str(spec["shm_size"])]
+    for ulimit in spec.get("ulimits") or []:
+        name, _, limits = str(ulimit).partition(":")
+        argv += ["--ulimit", f"{name}={limits}"]
+    if spec.get("runtime"):
+        argv += ["--runtime", spec["runtime"]]
+    for name, value in sorted((spec.get("env") or {}).items()):
+        argv += ["--env", f"{name}={value}"]
+    argv += ["--network", spec["network"]]
+    for alias in spec.get("aliases") or []:
+        argv += ["--network-alias", alias]
+    for name, address in sorted((spec.get("etc_hosts") or {}).items()):
+        argv += ["--add-host", f"{name}:{address}"]
+    for volume in spec.get("volumes") or []:
+        argv += ["--volume", volume]
+    for device in spec.get("devices") or []:
+        argv += ["--device", device]
+    for request in spec.get("device_requests") or []:
+        argv += ["--gpus", gpus_option(request)]
+    for name, value in sorted((spec.get("labels") or {}).items()):
+        argv += ["--label", f"{name}={value}"]
+    argv += ["--label", f"{SPEC_LABEL}={label}", spec["image"]]
+    return argv
+
+
+def container(spec: dict[str, Any], check: bool, diff: dict[str, Any]) -> tuple[list[str], bool]:
+    """Create, replace or start the node's container: (actions, whether it runs or will)."""
+    image = docker("image", "inspect", "--format", "{{.Id}}", spec["image"], check=False)
+    if image.returncode != 0:
+        if check:  # the image stage, in check mode too, only said it would build it
+            return [
+                f"would create container {spec['name']} from {spec['image']} (not on this engine yet)"
+            ], False
+        raise NodeError(
+            f"image {spec['image']} is not on this server's engine: run the image stage first "
+            "(ansible-playbook site.yml --tags image), or set node_container_image to an image it has"
+        )
+    wanted = json.dumps({**spec, "image_id": image.stdout.strip()}, sort_keys=True, separators=(",", ":"))
+    found = docker("container", "inspect", spec["name"], check=False)
+    actions = []
+    if found.returncode == 0:
+        info = json.loads(found.stdout)[0]
+        label = (info["Config"].get("Labels") or {}).get(SPEC_LABEL, "")
+        if label == wanted:
+            if info["State"].get("Running"):
+                return [], True
+            actions.append(f"started container {spec['name']}")
+            if not check:
+                docker("start", spec["name"])
+            return actions, not check
+        diff["before"]["container"] = json.loads(label) if label.startswith("{") else "(made elsewhere)"
+        actions.append(f"removed container {spec['name']} (its specification differs)")
+        if not check:
+            docker("rm", "--force", spec["name"])
+    diff["after"]["container"] = json.loads(wanted)
+    actions.append(f"created and started container {spec['name']} from {spec['image']}")
+    if not check:
+        docker(*run_argv(spec, wanted))
+        docker("start", spec["name"])
+    return actions, not check
+
+
+def wait_for_sshd(name: str, sshd: dict[str, Any]) -> tuple[list[str], str]:
+    """The probe's lines once it exits 0 within the timeout; else ([], why)."""
+    deadline = time.monotonic() + float(sshd["timeout"])
+    files = [str(path) for path in sshd.get("files") or []]
+    while True:
+        done = docker(
+            "exec", name, "/bin/sh", "-c", sshd["probe"], str(sshd["port"]), *files, check=False, timeout=30
+        )
+        if done.returncode == 0:
+            return done.stdout.splitlines(), ""
+        why = (done.stderr or done.stdout).strip()
+        if time.monotonic() >= deadline:
+            return [], why
+        time.sleep(0.25)
+
+
+def bring_up(params: dict[str, Any], check: bool) -> dict[str, Any]:
+    """The module's whole run: directories, settings file, container, then the probe's lines once sshd answers
+    (none in check mode before the container exists). The result: changed, actions, container_changed, sshd,
+    sshd_error and diff (before and after of the settings file and the specification). NodeError when a step
+    cannot be done."""
+    if shutil.which("docker") is None:
+        raise NodeError(NO_DOCKER_CLI)
+    diff: dict[str, Any] = {"before": {}, "after": {}}
+    actions = directories(params["directories"], check)
+    actions += settings_file(params["settings"], check, diff)
+    done, running = container(params["container"], check, diff)
+    actions += done
+    lines, why = wait_for_sshd(params["container"]["name"], params["sshd"]) if running else ([], "")
+    return {
+        "changed": bool(actions),
+        "actions": actions,
+        "container_changed": bool(done),
+        "sshd": lines,
+        "sshd_error": why,
+        "diff": diff,
+    }
+
+
+# --- the probe's lines, read on the controller -------------------------------------------------------------
+
+
+def expected_sshd(port: int) -> list[str]:
+    """The lines of `sshd -T` the cluster needs: its port, password and keyboard-interactive login off,
+    root by key only."""
+    return [
+        f"port {port}",
+        "passwordauthentication no",
+        "kbdinteractiveauthentication no",
+        "permitrootlogin without-password",
+    ]
+
+
+def sshd_failure(host: str, container: str, sshd: dict[str, Any], lines: list[str], why: str) -> str:
+    """Why the node's sshd is not ready for the cluster, by its probe's LINES (none: it did not answer in
+    time, WHY says what it printed) and its `sshd -T` output; empty when it is ready."""
+    port = int(sshd["port"])
+    if not lines:
+        return (
+            f"{host}: sshd in container {container} did not answer on port {port} within {sshd['timeout']} s "
+            f"({why or 'no output'}): read `docker logs {container}` on the server"
+        )
+    missing = [line for line in expected_sshd(port) if line not in lines]
+    if not missing:
+        return ""
+    return (
+        f"{host}: sshd in container {container} is not configured as the cluster needs (port {port}, "
+        f"password login off, root by key only): it lacks {missing}; `sshd -T` says "
+        f"{[line for line in lines if SSHD_KEYS.match(line)]}"
+    )
+
+
+def probe_lines(lines: list[str]) -> list[tuple[str, str]]:
+    """The probe's ``ddp-node KEY: VALUE`` lines as (key, value), in order."""
+    return [(match.group(1), match.group(2)) for match in filter(None, map(PROBE.match, lines))]
+
+
+def record_of(probe: list[tuple[str, str]], workspace: str, container_workspace: str) -> str:
+    """The node's record for every job's plan (JSON text): its cluster interface and address, CPU binding,
+    workspaces."""
+    values = dict(probe)
+    record = {
+        "interface": values.get("interface", ""),
+        "address": values.get("address", ""),
+        "cpu_binding": values.get("cpu-binding", ""),
+        "workspace": workspace,
+        "container_workspace": container_workspace,
+    }
+    return json.dumps(record, indent=4, sort_keys=True) + "\n"
+
+
+def host_keys(probe: list[tuple[str, str]]) -> dict[str, str]:
+    """The node's host keys by type (ed25519: 'ssh-ed25519 AAAA...'), from the host-key-TYPE lines."""
+    return {key[len("host-key-") :]: value for key, value in probe if key.startswith("host-key-") and value}
+
+
+def files_of(probe: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """The reported files' sha256 and mode ({path: {sha256, mode}}), from the file lines."""
+    files: dict[str, dict[str, Any]] = {}
+    for key, value in probe:
+        digest, mode, path = [*value.split(" ", 2), "", ""][:3]
+        if key == "file" and path:
+            files[path] = {"sha256": digest, "mode": int(mode, 8)}
+    return files

@@ -1,0 +1,269 @@
+"""ddp_cluster.server.node: a node's `docker create` arguments, its directories and settings file, the
+container made, replaced or started by its specification label (against a docker double), and the probe's
+lines read on the controller. The node_container role's module runs this code on every server
+(tests/unit/test_node_container_module.py runs the module through Ansible; molecule's node_container scenario
+and the e2e tests run it against an engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddp_cluster.server import node
+from ddp_cluster.server.node import NodeError
+
+SPEC: dict[str, Any] = {
+    "name": "node0",
+    "hostname": "node0",
+    "image": "ddp-cluster/node:abc",
+    "restart_policy": "unless-stopped",
+    "init": True,
+    "ipc_mode": "host",
+    "shm_size": "",
+    "ulimits": ["memlock:-1:-1", "stack:67108864:67108864"],
+    "runtime": "",
+    "env": {"DDP_SSH_PORT": "12345", "ASCEND_VISIBLE_DEVICES": "0,1"},
+    "network": "host",
+    "aliases": [],
+    "etc_hosts": {"node1": "10.0.0.2", "node0": "10.0.0.1"},
+    "volumes": ["/var/lib/ddp-cluster/node0/workspace:/workspace"],
+    "devices": ["/dev/infiniband:/dev/infiniband:rwm"],
+    "device_requests": [{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}],
+    "labels": {"ddp-cluster.node": "node0"},
+}
+
+# A docker CLI double, its state in the files of $STATE: `image inspect` prints image_id (absent: no such
+# image), `container inspect` the JSON in container (absent: no such container), `exec` prints probe; each
+# call is logged in calls.
+DOCKER = """#!/bin/sh
+echo "$*" >> "$STATE/calls"
+case "$1 $2" in
+  "image inspect") [ -f "$STATE/image_id" ] && exec cat "$STATE/image_id"; echo "No such image" >&2; exit 1;;
+  "container inspect") [ -f "$STATE/container" ] && exec cat "$STATE/container"; echo "No such" >&2; exit 1;;
+esac
+case "$1" in
+  exec) cat "$STATE/probe"; exit 0;;
+esac
+exit 0
+"""
+
+
+def pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[index + 1] for index, word in enumerate(argv) if word == flag]
+
+
+def test_create_arguments_carry_the_whole_specification() -> None:
+    argv = node.run_argv(SPEC, '{"the":"label"}')
+    assert argv[:5] == ["create", "--name", "node0", "--hostname", "node0"]
+    assert argv[-1] == "ddp-cluster/node:abc"
+    assert "--init" in argv and "--shm-size" not in argv and "--runtime" not in argv
+    assert pairs(argv, "--ulimit") == ["memlock=-1:-1", "stack=67108864:67108864"]
+    assert pairs(argv, "--env") == ["ASCEND_VISIBLE_DEVICES=0,1", "DDP_SSH_PORT=12345"]
+    assert pairs(argv, "--add-host") == ["node0:10.0.0.1", "node1:10.0.0.2"]
+    assert pairs(argv, "--network") == ["host"] and pairs(argv, "--ipc") == ["host"]
+    assert pairs(argv, "--device") == ["/dev/infiniband:/dev/infiniband:rwm"]
+    assert pairs(argv, "--gpus") == ["count=all,driver=nvidia,capabilities=gpu"]
+    assert pairs(argv, "--label") == ["ddp-cluster.node=node0", 'ddp-cluster.spec={"the":"label"}']
+
+
+@pytest.mark.parametrize(
+    ("request_", "option"),
+    [
+        (
+            {"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]},
+            "count=all,driver=nvidia,capabilities=gpu",
+        ),
+        ({"count": 2}, "count=2"),
+        (
+            {"device_ids": ["0", "3"], "capabilities": [["gpu", "utility"]]},
+            '"device=0,3","capabilities=gpu,utility"',
+        ),
+    ],
+)
+def test_device_requests_become_the_cli_gpus_option(request_: dict[str, Any], option: str) -> None:
+    assert node.gpus_option(request_) == option
+
+
+def test_two_capability_sets_and_options_are_refused() -> None:
+    with pytest.raises(NodeError, match="more than one set of capabilities"):
+        node.gpus_option({"capabilities": [["gpu"], ["compute"]]})
+    with pytest.raises(NodeError, match="options are not supported"):
+        node.gpus_option({"options": {"a": "b"}})
+
+
+def params(tmp_path: Path, content: str = "x\n") -> dict[str, Any]:
+    etc = tmp_path / "node0" / "etc"
+    return {
+        "directories": [{"path": str(etc), "mode": "0755"}],
+        "settings": {"path": str(etc / "node.env"), "content": content, "mode": "0644"},
+        "container": SPEC,
+        "sshd": {"port": 12345, "timeout": 5, "probe": "true", "files": []},
+    }
+
+
+def test_without_a_docker_cli_nothing_is_touched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(NodeError, match="docker CLI is not on this server's PATH"):
+        node.bring_up(params(tmp_path), check=False)
+    assert not (tmp_path / "node0").exists()
+
+
+@pytest.fixture
+def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The docker double first on PATH; its state directory."""
+    state = tmp_path / "engine"
+    state.mkdir()
+    double = tmp_path / "bin" / "docker"
+    double.parent.mkdir()
+    double.write_text(DOCKER)
+    double.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{double.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STATE", str(state))
+    (state / "probe").write_text("port 12345\nddp-node interface: eth0\n")
+    return state
+
+
+def calls(state: Path) -> list[str]:
+    path = state / "calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_check_mode_without_the_image_says_what_it_would_do_and_changes_nothing(
+    tmp_path: Path, engine: Path
+) -> None:
+    result = node.bring_up(params(tmp_path), check=True)
+    assert result["changed"] and result["sshd"] == [] and result["container_changed"]
+    assert (
+        result["actions"][-1]
+        == "would create container node0 from ddp-cluster/node:abc (not on this engine yet)"
+    )
+    assert not (tmp_path / "node0").exists()
+    assert [call.split()[0] for call in calls(engine)] == ["image"]
+
+
+def test_a_missing_image_is_refused_outside_check_mode(tmp_path: Path, engine: Path) -> None:
+    with pytest.raises(NodeError, match="run the image stage first"):
+        node.bring_up(params(tmp_path), check=False)
+
+
+def test_the_node_is_made_once_then_left_running_then_replaced_when_its_specification_changes(
+    tmp_path: Path, engine: Path
+) -> None:
+    (engine / "image_id").write_text("sha256:1\n")
+    first = node.bring_up(params(tmp_path), check=False)
+    etc = tmp_path / "node0" / "etc"
+    assert stat.S_IMODE(etc.stat().st_mode) == 0o755
+    assert (etc / "node.env").read_text() == "x\n" and stat.S_IMODE(
+        (etc / "node.env").stat().st_mode
+    ) == 0o644
+    assert first["actions"] == [
+        f"created directory {etc}",
+        f"created {etc / 'node.env'}",
+        "created and started container node0 from ddp-cluster/node:abc",
+    ]
+    assert first["container_changed"] and first["sshd"] == ["port 12345", "ddp-node interface: eth0"]
+    created = next(call for call in calls(engine) if call.startswith("create "))
+    label = created.split("ddp-cluster.spec=", 1)[1].rsplit(" ", 1)[0]
+    assert json.loads(label)["image_id"] == "sha256:1"
+    # The container runs under that label: nothing to do.
+    (engine / "container").write_text(
+        json.dumps([{"Config": {"Labels": {node.SPEC_LABEL: label}}, "State": {"Running": True}}])
+    )
+    (engine / "calls").unlink()
+    again = node.bring_up(params(tmp_path), check=False)
+    assert not again["changed"] and again["actions"] == [] and not again["container_changed"]
+    assert not any(call.startswith(("create", "rm", "start")) for call in calls(engine))
+    # A new image: removed and created again; in check mode only said, with the diff of the specification.
+    (engine / "image_id").write_text("sha256:2\n")
+    checked = node.bring_up(params(tmp_path), check=True)
+    assert checked["actions"] == [
+        "removed container node0 (its specification differs)",
+        "created and started container node0 from ddp-cluster/node:abc",
+    ]
+    assert checked["sshd"] == []
+    assert checked["diff"]["before"]["container"]["image_id"] == "sha256:1"
+    assert checked["diff"]["after"]["container"]["image_id"] == "sha256:2"
+    assert not any(call.startswith(("create", "rm")) for call in calls(engine))
+    node.bring_up(params(tmp_path), check=False)
+    assert [call.split()[0] for call in calls(engine) if call.startswith(("rm", "create", "start"))] == [
+        "rm",
+        "create",
+        "start",
+    ]
+
+
+def test_a_stopped_node_is_started_and_a_changed_settings_file_rewritten(
+    tmp_path: Path, engine: Path
+) -> None:
+    (engine / "image_id").write_text("sha256:1\n")
+    node.bring_up(params(tmp_path), check=False)
+    created = next(call for call in calls(engine) if call.startswith("create "))
+    label = created.split("ddp-cluster.spec=", 1)[1].rsplit(" ", 1)[0]
+    (engine / "container").write_text(
+        json.dumps([{"Config": {"Labels": {node.SPEC_LABEL: label}}, "State": {"Running": False}}])
+    )
+    result = node.bring_up(params(tmp_path, content="y\n"), check=False)
+    settings = tmp_path / "node0" / "etc" / "node.env"
+    assert result["actions"] == [f"wrote {settings}", "started container node0"]
+    assert settings.read_text() == "y\n"
+    assert result["diff"]["before"]["settings"] == "x\n" and result["diff"]["after"]["settings"] == "y\n"
+
+
+def test_a_file_where_a_directory_belongs_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "node0").mkdir()
+    (tmp_path / "node0" / "etc").write_text("")
+    with pytest.raises(NodeError, match="exists and is not a directory"):
+        node.directories(params(tmp_path)["directories"], check=False)
+
+
+SSHD = {"port": 12345, "timeout": 30}
+GOOD = [
+    "port 12345",
+    "passwordauthentication no",
+    "kbdinteractiveauthentication no",
+    "permitrootlogin without-password",
+]
+
+
+def test_sshd_that_did_not_answer_or_is_misconfigured_is_named() -> None:
+    assert node.sshd_failure("n0", "node0", SSHD, [*GOOD, "usepam no"], "") == ""
+    silent = node.sshd_failure("n0", "node0", SSHD, [], "")
+    assert silent == (
+        "n0: sshd in container node0 did not answer on port 12345 within 30 s (no output): read "
+        "`docker logs node0` on the server"
+    )
+    assert "(connection refused)" in node.sshd_failure("n0", "node0", SSHD, [], "connection refused")
+    loose = node.sshd_failure("n0", "node0", SSHD, [*GOOD[:1], "passwordauthentication yes", *GOOD[2:]], "")
+    assert loose.startswith("n0: sshd in container node0 is not configured as the cluster needs")
+    assert "it lacks ['passwordauthentication no']" in loose and "'passwordauthentication yes'" in loose
+
+
+def test_the_probe_lines_give_the_record_the_host_keys_and_the_files() -> None:
+    lines = [
+        *GOOD,
+        "ddp-node interface: eth1",
+        "ddp-node address: 10.0.0.5/24",
+        "ddp-node cpu-binding: 0=0-23;1=24-47",
+        "ddp-node file: abc123 600 /root/.ssh/id_ddp_cluster",
+        "ddp-node file: malformed",
+        "ddp-node host-key-ed25519: ssh-ed25519 AAAA",
+        "ddp-node host-key-rsa: ",
+    ]
+    probe = node.probe_lines(lines)
+    assert probe[0] == ("interface", "eth1")
+    assert node.host_keys(probe) == {"ed25519": "ssh-ed25519 AAAA"}
+    assert node.files_of(probe) == {"/root/.ssh/id_ddp_cluster": {"sha256": "abc123", "mode": 0o600}}
+    record = json.loads(node.record_of(probe, "/var/lib/ddp-cluster/n0/workspace", "/workspace"))
+    assert record == {
+        "interface": "eth1",
+        "address": "10.0.0.5/24",
+        "cpu_binding": "0=0-23;1=24-47",
+        "workspace": "/var/lib/ddp-cluster/n0/workspace",
+        "container_workspace": "/workspace",
+    }
+    assert node.record_of(probe, "w", "c").endswith("}\n")
