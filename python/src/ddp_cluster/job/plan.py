@@ -1,23 +1,19 @@
-"""A job's plan, from the request to the :class:`ddp_cluster.job.spec.JobSpec`, its paths and its files,
-in one
-place.
+"""A job's plan, from the request to the :class:`ddp_cluster.job.spec.JobSpec`, its paths and its files.
 
 ``train.yml`` and ``check.yml`` call :func:`make_plan` once, on the controller, through the ``ddp_job_plan``
 action, with
 
 * the request: the ``ddp_job`` role's variables (train.yml's extra vars: nodes, launcher, script, ...), as
-  Ansible resolved them, and the role's argument_specs (the one declaration of their types and choices:
-  :func:`check_request` reads them, and names the extra var a user typed);
+  Ansible resolved them, and the role's argument_specs (the one declaration of their types, choices and
+  defaults: :mod:`ddp_cluster.job.request` reads them, and names the extra var a user typed);
 * the inventory's facts (:class:`Inventory`): the nodes, the cluster's accelerator, and what site.yml
-  recorded of each node on the controller (:class:`NodeRecord`,
-  ``~/.ddp-cluster/<cluster>/nodes/<node>.json``: its cluster interface, address, CPU binding and workspace),
-  so that a job probes nothing that does not change between jobs.
+  recorded of each node on the controller (:mod:`ddp_cluster.job.records`), so that a job probes nothing that
+  does not change between jobs.
 
 It returns a :class:`Plan` (the spec, where the job's files are on the controller and on each node, what each
 node checks before the start, the lines that say what will run) or raises :class:`PlanError` naming every
-variable that is wrong and how to fix it. :func:`write_files` then writes the job's files:
-``runs/<id>/plan.json`` (read by ``ddp-cluster report``) and ``job.tar.gz`` (job.json, the script or the
-project, the rank table), which the first node unpacks and its supervisor gives every other node.
+variable that is wrong and how to fix it. :func:`write_files` (:mod:`ddp_cluster.job.bundle`) then writes the
+job's files: ``runs/<id>/plan.json`` and ``job.tar.gz``.
 
 Standard library only.
 """
@@ -25,14 +21,10 @@ Standard library only.
 from __future__ import annotations
 
 import dataclasses
-import io
-import ipaddress
 import json
 import random
 import re
-import shlex
 import string
-import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -40,140 +32,38 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.ascend import ranktable
-from ddp_cluster.files import add_file, write_atomic
 from ddp_cluster.job import spec as job
-from ddp_cluster.job import workdir
-
-PLAN_FILE = "plan.json"
-BUNDLE = job.BUNDLE_FILE
-WORKDIR_ARCHIVE = "workdir.tar.gz"
-RECORDS_DIR = "nodes"  # under the cluster's controller directory: one NODE.json per node
-# The extra var a user types for each of the role's variables (ddp_job_<name>); the others are named in full.
-USER_NAMES = {
-    "nodes": "nodes",
-    "launcher": "launcher",
-    "device": "device",
-    "script": "script",
-    "workdir": "workdir",
-    "script_args": "script_args",
-    "resume": "resume",
-    "resume_from": "resume_from",
-    "timeout": "job_timeout",
-    "id": "job_id",
-    "preflight": "preflight",
-    "hccl_init": "cluster_hccl_init",
-    "nproc_per_node": "cluster_nproc_per_node",
-    "master_port": "cluster_master_port",
-    "launcher_ports": "cluster_launcher_ports",
-    "max_restarts": "max_restarts",
-    "min_nodes": "min_nodes",
-    "detach": "detach",
-    "attach": "attach",
-    "wait_for_nodes": "wait",
-}
-PREFIX = "ddp_job_"
-FLAGS = ("true", "false", "yes", "no", "1", "0")
-NUMBER = re.compile(r"^[0-9]+([.][0-9]+)?$")
-WHOLE = re.compile(r"^[0-9]+$")
-HEALTH_SETTINGS = (
-    "fraction",
-    "floor_gbps",
-    "min_bytes",
-    "max_bytes",
-    "factor",
-    "seconds_per_size",
-    "timeout",
+from ddp_cluster.job.bundle import BUNDLE, PLAN_FILE, WORKDIR_ARCHIVE, load, pack_project, write_files
+from ddp_cluster.job.records import RECORDS_DIR, NodeRecord, node_record, read_records
+from ddp_cluster.job.request import (
+    NUMBER,
+    PREFIX,
+    PlanError,
+    check_request,
+    flag,
+    health_args,
+    split_args,
+    whole_number,
+    with_defaults,
 )
 
-
-class PlanError(ValueError):
-    """What is wrong with the request, every problem named; nothing was started or written."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = [str(problem).rstrip(".") for problem in problems]
-        super().__init__("; ".join(self.problems) + ".")
-
-
-def user_name(name: str) -> str:
-    """The name a user sets for the role's variable ``name`` (without ddp_job_): the extra var, or the
-    variable."""
-    return USER_NAMES.get(name, PREFIX + name)
-
-
-def _choices(values: Sequence[Any]) -> str:
-    shown = [str(value) for value in values]
-    return ", ".join(shown[:-1]) + " or " + shown[-1] if len(shown) > 1 else shown[0]
-
-
-def check_request(request: Mapping[str, Any], options: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The request's values against the role's argument_specs options (``ddp_job_<name>``: type, choices):
-    one problem per value that does not fit, naming what the user sets. ``raw`` options are checked by the
-    plan."""
-    problems = []
-    for option, spec in options.items():
-        name = option.removeprefix(PREFIX)
-        if name not in request:
-            continue
-        value, kind, shown = request[name], spec.get("type", "str"), user_name(name)
-        if spec.get("choices") and value not in spec["choices"]:
-            problems.append(f"{shown}={value} must be {_choices(spec['choices'])}")
-        elif kind == "list" and (isinstance(value, str) or not isinstance(value, Sequence)):
-            problems.append(f"{shown} must be a list, not {value!r}")
-        elif kind == "dict" and not isinstance(value, Mapping):
-            problems.append(f"{shown} must be a mapping of names to values, not {value!r}")
-        elif kind in ("int", "float") and not NUMBER.match(str(value).strip()):
-            problems.append(f"{shown}={value} must be a {'whole ' if kind == 'int' else ''}number")
-        elif kind == "int" and not WHOLE.match(str(value).strip()):
-            problems.append(f"{shown}={value} must be a whole number")
-        elif kind in ("str", "path") and not isinstance(value, str | int | float):
-            problems.append(f"{shown} must be a string, not {value!r}")
-    return problems
-
-
-@dataclass(frozen=True)
-class NodeRecord:
-    """What site.yml recorded of a node (the containers stage), read by every job's plan."""
-
-    interface: str  # the node's cluster interface (cluster_network_interface)
-    address: str  # its IPv4 address there, with the prefix (10.0.0.5/24)
-    workspace: str  # the node's workspace directory on its server (the container's /workspace)
-    container_workspace: str = "/workspace"
-    cpu_binding: str = ""  # DDP_CPU_BINDING (device=CPUs;...), empty: unbound
-
-    @classmethod
-    def from_dict(cls, node: str, data: Any) -> NodeRecord:
-        if not isinstance(data, Mapping):
-            raise PlanError([f"the record of node {node} is not a mapping"])
-        missing = [name for name in ("interface", "address", "workspace") if not data.get(name)]
-        if missing:
-            detail = (
-                f"its cluster interface {data.get('interface', '?')} had no IPv4 address in the node"
-                if "address" in missing
-                else f"it lacks {', '.join(missing)}"
-            )
-            raise PlanError(
-                [
-                    f"{node}: {detail} when site.yml recorded it: set cluster_network_interface for this host"
-                    " to the interface that carries its cluster address, run site.yml, then train.yml again"
-                ]
-            )
-        try:
-            ipaddress.ip_interface(str(data["address"]))
-        except ValueError as error:
-            raise PlanError(
-                [f"{node}: its recorded address {data['address']!r} is not an address: {error}"]
-            ) from None
-        return cls(
-            interface=str(data["interface"]),
-            address=str(data["address"]),
-            workspace=str(data["workspace"]),
-            container_workspace=str(data.get("container_workspace") or "/workspace"),
-            cpu_binding=str(data.get("cpu_binding") or ""),
-        )
-
-    @property
-    def network(self) -> str:
-        return str(ipaddress.ip_interface(self.address).network)
+# What the playbooks' action and the report import from here.
+__all__ = [
+    "PLAN_FILE",
+    "PREFIX",
+    "RECORDS_DIR",
+    "WORKDIR_ARCHIVE",
+    "Inventory",
+    "NodeRecord",
+    "Plan",
+    "PlanError",
+    "find_checkpoint",
+    "load",
+    "make_plan",
+    "ping_targets",
+    "read_records",
+    "write_files",
+]
 
 
 @dataclass(frozen=True)
@@ -292,68 +182,6 @@ class Plan:
         return data
 
 
-def _whole(value: Any, name: str, minimum: int = 1) -> tuple[int | None, str]:
-    text = str(value).strip()
-    if isinstance(value, bool) or not WHOLE.match(text) or int(text) < minimum:
-        return (
-            None,
-            f"{user_name(name)}={value} must be a whole number{' of seconds above 0' if minimum else ''}",
-        )
-    return int(text), ""
-
-
-def _flag(value: Any, name: str, problems: list[str]) -> bool:
-    if isinstance(value, bool):
-        return value
-    if str(value).strip().lower() not in FLAGS:
-        problems.append(f"{user_name(name)}={value} must be true or false")
-        return False
-    return str(value).strip().lower() in ("true", "yes", "1")
-
-
-def split_args(value: Any) -> list[str]:
-    """A script's arguments as a list: a list stays, a string is split the way a shell would."""
-    if value is None or value == "":
-        return []
-    if isinstance(value, list | tuple):
-        return [str(part) for part in value]
-    try:
-        return shlex.split(str(value))
-    except ValueError as error:
-        raise PlanError([f"script_args={value!r} cannot be split like a shell would: {error}"]) from None
-
-
-def health_args(request: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """The gate's arguments from the ddp_job_health_* settings, and the problems with their ranges (their
-    types are argument_specs', checked by :func:`check_request`)."""
-    text = {name: str(request.get(f"health_{name}", "")).strip() for name in HEALTH_SETTINGS}
-    value = {name: float(shown) for name, shown in text.items() if NUMBER.match(shown)}
-    rules = {
-        "fraction": (
-            0 < value.get("fraction", 1) <= 1,
-            "a number above 0 and at most 1 (0.5: half the median)",
-        ),
-        "min_bytes": (value.get("min_bytes", 4) >= 4, "a whole number of bytes, 4 or more"),
-        "max_bytes": (
-            value.get("max_bytes", 4) >= value.get("min_bytes", 4),
-            f"at least ddp_job_health_min_bytes={text['min_bytes']}",
-        ),
-        "factor": (value.get("factor", 2) >= 2, "a whole number of 2 or more"),
-        "seconds_per_size": (value.get("seconds_per_size", 1) > 0, "a number of seconds above 0"),
-        "timeout": (value.get("timeout", 1) > 0, "a whole number of seconds above 0"),
-    }
-    problems = [
-        f"ddp_job_health_{name}={text[name]} must be {rule}" for name, (ok, rule) in rules.items() if not ok
-    ]
-    ignore = request.get("health_ignore") or []
-    args = ["--min-bytes", text["min_bytes"], "--max-bytes", text["max_bytes"], "--factor", text["factor"]]
-    args += ["--seconds-per-size", text["seconds_per_size"], "--fraction", text["fraction"]]
-    args += ["--floor-gbps", text["floor_gbps"]]
-    if ignore and isinstance(ignore, list | tuple):
-        args += ["--ignore", ",".join(str(item) for item in ignore)]
-    return args, problems
-
-
 def find_checkpoint(runs_dir: Path, resume_from: str) -> str:
     """The newest checkpoint fetched under ``runs_dir`` (of run ``resume_from`` when given), or ''."""
     found = [
@@ -419,28 +247,37 @@ def _job_id(request: Mapping[str, Any], inventory: Inventory) -> str:
     return stamp + "-" + "".join(random.choices(string.ascii_lowercase + string.digits, k=4))
 
 
-def make_plan(
-    request: Mapping[str, Any],
-    options: Mapping[str, Mapping[str, Any]],
-    inventory: Inventory,
-    pack: bool = True,
-) -> Plan:
-    """The plan of ``request`` (the role's variables without ddp_job_), checked against ``options`` (its
-    argument_specs) and ``inventory``; PlanError naming what is wrong. With ``pack``, a project directory
-    (workdir) is checked and packed into runs/<id>/workdir.tar.gz (once for a gate and the job after it)."""
-    problems = check_request(request, options)
-    kind = str(request.get("kind", "train"))
-    gate = kind != "train"
+@dataclass(frozen=True)
+class _Checked:
+    """The request's values as the plan uses them, once every rule between them holds."""
 
-    nodes_asked = request.get("nodes", "")
+    count: int  # the job's nodes: the first ``count`` of the inventory's
+    timeout: int | None
+    max_restarts: int
+    min_nodes: int
+    preflight: bool
+    detach: bool
+    wait_for_nodes: bool
+    gate_args: list[str]
+    script: str  # as the user gave it: a path on the controller, or inside the project
+    project: str  # the project directory as given (workdir), empty: none
+    max_mb: str
+    script_path: Path | None  # the script on the controller (no project)
+    runs_dir: Path
+    checkpoint: str  # the checkpoint on the controller to resume from, empty: none
+
+
+def _check(
+    request: Mapping[str, Any], options: Mapping[str, Mapping[str, Any]], inventory: Inventory
+) -> _Checked:
+    """The request (argument_specs' defaults filled in) checked: every problem at once, as one PlanError."""
+    problems = check_request(request, options)
+    gate = request["kind"] != "train"
+    nodes_asked = request["nodes"]
     count = 0
     if str(nodes_asked).strip() == "":
         problems.insert(0, "nodes is required: run train.yml -e nodes=N")
-    elif (
-        isinstance(nodes_asked, bool)
-        or not WHOLE.match(str(nodes_asked).strip())
-        or int(str(nodes_asked)) < 1
-    ):
+    elif whole_number(nodes_asked, "nodes")[0] is None:
         problems.insert(0, f"nodes={nodes_asked} is not a whole number of 1 or more")
     elif int(str(nodes_asked)) > len(inventory.nodes):
         problems.insert(
@@ -450,34 +287,34 @@ def make_plan(
         )
     else:
         count = int(str(nodes_asked))
-    if request.get("launcher") == "torch_npu_run" and inventory.accelerator != "npu":
+    if request["launcher"] == "torch_npu_run" and inventory.accelerator != "npu":
         problems.append(
             "launcher=torch_npu_run needs torch_npu: it is for npu clusters"
             f" (this one is {inventory.accelerator})"
         )
-    timeout, problem = _whole(request.get("timeout", ""), "timeout")
+    timeout, problem = whole_number(request["timeout"], "timeout")
     problems += [problem] if problem and not gate else []
-    max_restarts, problem = _whole(request.get("max_restarts", 0), "max_restarts", minimum=0)
+    max_restarts, problem = whole_number(request["max_restarts"], "max_restarts", minimum=0)
     problems += [f"{problem} (0: no restart)"] if problem else []
-    min_nodes, problem = _whole(request.get("min_nodes", 0), "min_nodes", minimum=0)
+    min_nodes, problem = whole_number(request["min_nodes"], "min_nodes", minimum=0)
     problems += [f"{problem} (0: every node of the job)"] if problem else []
     if count and min_nodes and min_nodes > count:
         problems.append(
             f"min_nodes={min_nodes} is more than nodes={count}: a job that lost a node goes on with fewer,"
             " never more; ask for min_nodes of at most nodes"
         )
-    job_id = request.get("id") or ""
+    job_id = request["id"] or ""
     if job_id and not job.NAME.match(str(job_id)):
         problems.append(f"job_id={job_id} may hold only letters, digits, _ . and -")
-    resume = _flag(request.get("resume", False), "resume", problems)
-    preflight = _flag(request.get("preflight", False), "preflight", problems)
-    detach = _flag(request.get("detach", False), "detach", problems)
-    wait_for_nodes = _flag(request.get("wait_for_nodes", False), "wait_for_nodes", problems)
+    resume = flag(request["resume"], "resume", problems)
+    preflight = flag(request["preflight"], "preflight", problems)
+    detach = flag(request["detach"], "detach", problems)
+    wait_for_nodes = flag(request["wait_for_nodes"], "wait_for_nodes", problems)
     gate_args, gate_problems = health_args(request)
     problems += gate_problems
-    script = str(request.get("script") or "")
-    project = str(request.get("workdir") or "")
-    max_mb = str(request.get("workdir_max_mb", workdir.DEFAULT_MAX_MB)).strip()
+    script = str(request["script"] or "")
+    project = str(request["workdir"] or "")
+    max_mb = str(request["workdir_max_mb"]).strip()
     if project and not script:
         problems.append(
             f"workdir={project} needs the script to run in it: add -e script=PATH, a path inside the"
@@ -492,8 +329,8 @@ def make_plan(
             f"script={script} does not exist on the controller (or is not a file): give the path of a"
             f" torchrun-style training script, relative to {cwd} or absolute"
         )
-    runs_dir = (cwd / str(request.get("runs_dir") or "runs")).resolve()
-    resume_from = str(request.get("resume_from") or "")
+    runs_dir = (cwd / str(request["runs_dir"] or options[PREFIX + "runs_dir"]["default"])).resolve()
+    resume_from = str(request["resume_from"] or "")
     checkpoint = find_checkpoint(runs_dir, resume_from) if resume and not problems else ""
     if resume and not problems and not checkpoint:
         problems.append(
@@ -503,9 +340,40 @@ def make_plan(
         )
     if problems:
         raise PlanError(problems)
+    return _Checked(
+        count=count,
+        timeout=timeout,
+        max_restarts=max_restarts or 0,
+        min_nodes=min_nodes or 0,
+        preflight=preflight,
+        detach=detach,
+        wait_for_nodes=wait_for_nodes,
+        gate_args=gate_args,
+        script=script,
+        project=project,
+        max_mb=max_mb,
+        script_path=script_path,
+        runs_dir=runs_dir,
+        checkpoint=checkpoint,
+    )
 
+
+def make_plan(
+    request: Mapping[str, Any],
+    options: Mapping[str, Mapping[str, Any]],
+    inventory: Inventory,
+    pack: bool = True,
+) -> Plan:
+    """The plan of ``request`` (the role's variables without ddp_job_), checked against ``options`` (its
+    argument_specs, whose defaults fill in what the request leaves out) and ``inventory``; PlanError naming
+    what is wrong. With ``pack``, a project directory (workdir) is checked and packed into
+    runs/<id>/workdir.tar.gz (once for a gate and the job after it)."""
+    request = with_defaults(request, options)
+    asked = _check(request, options, inventory)
+    kind = str(request["kind"])
+    gate = kind != "train"
     base_id = _job_id(request, inventory)
-    if kind == "train" and preflight and inventory.gate_passed != f"{base_id}-preflight":
+    if kind == "train" and asked.preflight and inventory.gate_passed != f"{base_id}-preflight":
         raise PlanError(
             [
                 f"preflight={request.get('preflight')} but no health gate ran for job {base_id}: pass it on"
@@ -513,54 +381,56 @@ def make_plan(
                 " nothing was started"
             ]
         )
-    nodes = list(inventory.nodes[:count])
-    records = {node: NodeRecord.from_dict(node, _record(inventory, node)) for node in nodes}
+    nodes = list(inventory.nodes[: asked.count])
+    records = {node: node_record(inventory.records, node, inventory.records_dir) for node in nodes}
     # The spares a restart may take: the inventory's nodes beyond the job's that site.yml recorded.
     spares = [
-        node for node in inventory.nodes[count:] if node in inventory.records and not gate and max_restarts
+        node
+        for node in inventory.nodes[asked.count :]
+        if node in inventory.records and not gate and asked.max_restarts
     ]
     for node in spares:
         records[node] = NodeRecord.from_dict(node, inventory.records[node])
     spec_id = base_id + ("-preflight" if kind == "preflight" else "")
-    run_dir = runs_dir / base_id / ("preflight" if kind == "preflight" else "")
+    run_dir = asked.runs_dir / base_id / ("preflight" if kind == "preflight" else "")
     networks: list[str] = []
     for record in records.values():
         if record.network not in networks:
             networks.append(record.network)
+    job_dir = f"{records[nodes[0]].container_workspace}/jobs/{spec_id}"
+    checkpoint = "" if gate else asked.checkpoint
+    script_path = asked.script_path
+    fields: dict[str, Any] = {
+        "id": spec_id,
+        "job_dir": job_dir,
+        "nodes": nodes,
+        "nproc_per_node": request.get("nproc_per_node"),
+        "launcher": request["launcher"],
+        "device": request.get("device"),
+        "networks": networks,
+        "timeout": float(str(request["health_timeout"])) if gate else asked.timeout,
+        "kind": kind,
+        "accelerator": inventory.accelerator,
+        "hccl_init": request.get("hccl_init"),
+        "script": ""
+        if gate
+        else (asked.script if asked.project else script_path.name if script_path else ""),
+        "workdir": bool(asked.project) and not gate,
+        "script_args": asked.gate_args if gate else split_args(request["script_args"]),
+        "resume": bool(checkpoint),
+        "master_port": request.get("master_port"),
+        "launcher_ports": str(request.get("launcher_ports") or ""),
+        "env": request["env"] or {},
+        "mpirun_args": list(request["mpirun_args"] or []),
+        "poll": request["poll"],
+        "max_restarts": 0 if gate else asked.max_restarts,
+        "min_nodes": 0 if gate else asked.min_nodes,
+        "spares": spares,
+        "resume_from": f"{job_dir}/output/checkpoints/{Path(checkpoint).name}" if checkpoint else "",
+    }
     try:
-        spec = job.JobSpec.from_dict(
-            {
-                "id": spec_id,
-                "job_dir": f"{records[nodes[0]].container_workspace}/jobs/{spec_id}",
-                "nodes": nodes,
-                "nproc_per_node": request.get("nproc_per_node", 1),
-                "launcher": request.get("launcher", "mpirun"),
-                "device": request.get("device", "cpu"),
-                "networks": networks,
-                "timeout": float(str(request.get("health_timeout"))) if gate else timeout,
-                "kind": kind,
-                "accelerator": inventory.accelerator,
-                "hccl_init": request.get("hccl_init", "rank_table"),
-                "script": "" if gate else (script if project else script_path.name if script_path else ""),
-                "workdir": bool(project) and not gate,
-                "script_args": gate_args if gate else split_args(request.get("script_args")),
-                "resume": bool(checkpoint) and not gate,
-                "master_port": request.get("master_port", 29501),
-                "launcher_ports": str(request.get("launcher_ports") or ""),
-                "env": request.get("env") or {},
-                "mpirun_args": list(request.get("mpirun_args") or []),
-                "poll": request.get("poll", 0.5),
-                "max_restarts": 0 if gate else max_restarts,
-                "min_nodes": 0 if gate else min_nodes,
-                "spares": spares,
-                "resume_from": (
-                    f"{records[nodes[0]].container_workspace}/jobs/{spec_id}/output/checkpoints/"
-                    f"{Path(checkpoint).name}"
-                    if checkpoint and not gate
-                    else ""
-                ),
-            }
-        )
+        # A cluster setting the request lacks (a role run without the cluster role): the spec's default.
+        spec = job.JobSpec.from_dict({name: value for name, value in fields.items() if value is not None})
     except job.JobSpecError as error:
         raise PlanError([f"the job cannot be planned: {error}"]) from None
     rank_table, ping, nproc = "", {}, spec.nproc_per_node
@@ -580,110 +450,31 @@ def make_plan(
         if gate:
             ping = ping_targets(inventory.npu_plan, nodes, nproc, visible)
     packed: dict[str, Any] = {}
-    project_dir = str((cwd / project).resolve()) if project else ""
-    if project and kind != "check":
-        packed = _pack(
-            project_dir, script, runs_dir / base_id, float(max_mb), base_id, inventory.previous, pack
+    project_dir = str((Path(inventory.cwd) / asked.project).resolve()) if asked.project else ""
+    if asked.project and kind != "check":
+        packed = pack_project(
+            project_dir,
+            asked.script,
+            asked.runs_dir / base_id,
+            float(asked.max_mb),
+            base_id,
+            inventory.previous,
+            pack,
         )
     return Plan(
         spec=spec,
         base_id=base_id,
         run_dir=str(run_dir).rstrip("/"),
         host_dirs={node: f"{records[node].workspace}/jobs/{spec_id}" for node in [*nodes, *spares]},
-        script="" if gate or project else str(script_path or ""),
+        script="" if gate or asked.project else str(script_path or ""),
         workdir="" if gate else project_dir,
-        resume_checkpoint="" if gate else checkpoint,
+        resume_checkpoint=checkpoint,
         rank_table=rank_table,
         ping=ping,
         bindings={node: records[node].cpu_binding for node in nodes},
         packed=packed,
-        preflight=kind == "train" and preflight,
-        collect_timeout=int(str(request.get("collect_timeout", 10))),
-        detach=detach and not gate,
-        wait_for_nodes=wait_for_nodes,
+        preflight=kind == "train" and asked.preflight,
+        collect_timeout=int(str(request["collect_timeout"])),
+        detach=asked.detach and not gate,
+        wait_for_nodes=asked.wait_for_nodes,
     )
-
-
-def _record(inventory: Inventory, node: str) -> Any:
-    if node not in inventory.records:
-        where = f"{inventory.records_dir or RECORDS_DIR}/{node}.json"
-        raise PlanError(
-            [
-                f"{node}: site.yml has not recorded this node ({where} does not exist): bring the cluster up"
-                " with `ansible-playbook site.yml`, then run train.yml again"
-            ]
-        )
-    return inventory.records[node]
-
-
-def _pack(
-    project: str,
-    script: str,
-    job_runs: Path,
-    max_mb: float,
-    base_id: str,
-    previous: Mapping[str, Any],
-    pack: bool,
-) -> dict[str, Any]:
-    archive = job_runs / WORKDIR_ARCHIVE
-    before = previous.get("packed") or {}
-    if (
-        previous.get("base_id") == base_id
-        and before.get("workdir") == project
-        and before.get("script") == script
-        and archive.is_file()
-    ):
-        return {**before, "reused": True}
-    if not pack:
-        return {"files": 0, "bytes": 0, "script": script, "workdir": project, "reused": False}
-    try:
-        summary = workdir.pack(Path(project), script, archive, int(max_mb * 2**20))
-    except workdir.WorkdirError as error:
-        raise PlanError([f"{error}; nothing was started"]) from None
-    return {**summary, "workdir": project, "reused": False}
-
-
-def bundle_bytes(plan: Plan) -> bytes:
-    """job.tar.gz: what every node's job directory starts with (job.json, the script or the project under
-    workdir/, the rank table), in memory (the project is bounded)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        add_file(tar, job.JOB_FILE, plan.spec.dumps().encode())
-        if plan.rank_table:
-            add_file(tar, "rank_table.json", plan.rank_table.encode())
-        if plan.script:
-            add_file(tar, Path(plan.script).name, Path(plan.script).read_bytes())
-        if plan.workdir:
-            with tarfile.open(Path(plan.run_dir.removesuffix("/preflight")) / WORKDIR_ARCHIVE) as project:
-                for member in project.getmembers():
-                    data = project.extractfile(member) if member.isfile() else None
-                    member.name = f"workdir/{member.name}"
-                    tar.addfile(member, data)
-    return buffer.getvalue()
-
-
-def write_files(plan: Plan) -> None:
-    """runs/<id>/plan.json and job.tar.gz on the controller (written whole, atomically)."""
-    run_dir = Path(plan.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / BUNDLE, bundle_bytes(plan))
-    write_atomic(run_dir / PLAN_FILE, (json.dumps(plan.to_dict(), indent=2, sort_keys=True) + "\n").encode())
-
-
-def read_records(directory: Path) -> dict[str, Any]:
-    """The node records site.yml wrote (one NODE.json each); {} when there are none yet."""
-    records: dict[str, Any] = {}
-    for path in sorted(directory.glob("*.json")):
-        try:
-            records[path.stem] = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
-            raise PlanError(
-                [f"{path} cannot be read ({error}): run site.yml to record the node again"]
-            ) from None
-    return records
-
-
-def load(run_dir: Path) -> dict[str, Any]:
-    """A run's plan.json (as :meth:`Plan.to_dict` wrote it)."""
-    data = json.loads((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
-    return dict(data) if isinstance(data, Mapping) else {}

@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ddp_cluster.accelerators import ACCELERATORS, DEVICE_BACKEND
+from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.job import results
+from ddp_cluster.runtime.distenv import DEFAULT_MASTER_PORT
 
 # Open MPI's daemon wire-up (launch_argv): ssh sessions mpirun keeps in flight, and the fan-out of each level
 # of the daemons' tree.
@@ -40,7 +42,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 PORTS = re.compile(r"^$|^[0-9]+(-[0-9]+)?$")
 
 
-class JobSpecError(ValueError):
+class JobSpecError(DdpClusterError, ValueError):
     """A field of the job that cannot be used; the message names it."""
 
 
@@ -63,7 +65,7 @@ class JobSpec:
     workdir: bool = False  # the project directory, unpacked in JOB/workdir, is the ranks' working directory
     script_args: tuple[str, ...] = ()
     resume: bool = False
-    master_port: int = 29501
+    master_port: int = DEFAULT_MASTER_PORT
     launcher_ports: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
     mpirun_args: tuple[str, ...] = ()
@@ -88,7 +90,10 @@ class JobSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise JobSpecError(f"unknown field(s) {', '.join(unknown)}: a job has {', '.join(sorted(known))}")
-        for name in ("id", "job_dir", "nodes", "nproc_per_node", "launcher", "device", "networks", "timeout"):
+        # The fields' defaults are the dataclass's (one declaration); a field without one is required.
+        default = {item.name: item.default for item in fields(cls) if item.default is not MISSING}
+        required = [item.name for item in fields(cls) if MISSING is item.default is item.default_factory]
+        for name in required:
             if name not in data:
                 raise JobSpecError(f"{name} is missing")
         spec = cls(
@@ -100,24 +105,26 @@ class JobSpec:
             device=_text(data, "device"),
             networks=_texts(data, "networks", allow_empty=True),
             timeout=_number(data, "timeout", float, minimum=0, exclusive=True),
-            kind=_text(data, "kind", "train"),
-            accelerator=_text(data, "accelerator", "cpu"),
-            hccl_init=_text(data, "hccl_init", "rank_table"),
-            script=_text(data, "script", ""),
+            kind=_text(data, "kind", default["kind"]),
+            accelerator=_text(data, "accelerator", default["accelerator"]),
+            hccl_init=_text(data, "hccl_init", default["hccl_init"]),
+            script=_text(data, "script", default["script"]),
             workdir=_flag(data, "workdir"),
             script_args=_texts(data, "script_args", allow_empty=True),
             resume=_flag(data, "resume"),
-            master_port=_number(data, "master_port", int, minimum=1, maximum=65535, default=29501),
-            launcher_ports=_text(data, "launcher_ports", ""),
+            master_port=_number(
+                data, "master_port", int, minimum=1, maximum=65535, default=default["master_port"]
+            ),
+            launcher_ports=_text(data, "launcher_ports", default["launcher_ports"]),
             env=_env(data),
             mpirun_args=_texts(data, "mpirun_args", allow_empty=True),
-            poll=_number(data, "poll", float, minimum=0, exclusive=True, default=0.5),
-            max_restarts=_number(data, "max_restarts", int, minimum=0, default=0),
-            min_nodes=_number(data, "min_nodes", int, minimum=0, default=0),
+            poll=_number(data, "poll", float, minimum=0, exclusive=True, default=default["poll"]),
+            max_restarts=_number(data, "max_restarts", int, minimum=0, default=default["max_restarts"]),
+            min_nodes=_number(data, "min_nodes", int, minimum=0, default=default["min_nodes"]),
             spares=_texts(data, "spares", allow_empty=True),
             recovery=_mapping(data, "recovery"),
-            restart=_number(data, "restart", int, minimum=0, default=0),
-            resume_from=_text(data, "resume_from", ""),
+            restart=_number(data, "restart", int, minimum=0, default=default["restart"]),
+            resume_from=_text(data, "resume_from", default["resume_from"]),
         )
         spec.check()
         return spec
