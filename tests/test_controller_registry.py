@@ -1,11 +1,10 @@
-"""The controller's registry (roles/training_image/library/ddp_image_distribute.py) started and stopped for
-real: Docker's Distribution registry, no engine needed, skipped without it. With the local end-to-end tests
-(make e2e), which install it first (make registry); the rest of the module's pieces:
+"""The controller's registry (ddp_cluster.image.distribute, run by the role's module ddp_image_distribute)
+started and stopped for real: Docker's Distribution registry, no engine needed, skipped without it. With the
+local end-to-end tests (make e2e), which install it first (make registry); the rest of the module's pieces:
 tests/unit/test_image_distribute.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import socket
 import urllib.request
@@ -13,14 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
-
-_spec = importlib.util.spec_from_file_location(
-    "ddp_image_distribute", REPO / "roles" / "training_image" / "library" / "ddp_image_distribute.py"
-)
-assert _spec is not None and _spec.loader is not None
-dist = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dist)
+from ddp_cluster.image import distribute as dist
 
 
 def _free_port() -> int:
@@ -40,11 +32,11 @@ def test_the_controllers_registry_answers_on_loopback_only_while_the_stage_runs(
         listening = Path("/proc/net/tcp").read_text()
         assert f"0100007F:{port:04X}" in listening  # 127.0.0.1 only
         assert f"00000000:{port:04X}" not in listening
-    assert dist._port_free(port)
+    assert dist.port_free(port)
     # Stopped also when the block fails.
     with (
         pytest.raises(RuntimeError),
         dist.controller_registry("docker-registry", str(tmp_path / "storage"), port, str(tmp_path)),
     ):
         raise RuntimeError("a push failed")
-    assert dist._port_free(port)
+    assert dist.port_free(port)

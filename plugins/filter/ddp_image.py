@@ -1,5 +1,5 @@
-"""Filters over ``ddp_cluster.image.base``: the base image a node image is built on, read from the role's
-probe."""
+"""Filters over ``ddp_cluster.image``: the base image a node image is built on, read from the role's probe
+(``image.base``), and the engine that builds (``image.builder``)."""
 
 from __future__ import annotations
 
@@ -10,34 +10,26 @@ from typing import Any
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster.image import base as baseimage
-from ddp_cluster.image import builder
+from ddp_cluster.image import base, builder
 
 
 def ddp_base_image(probe: Any, image: str, python_override: str = "") -> dict[str, Any]:
     """What the wheelhouse depends on: machine, libc, python (X.Y the image will run), kept (pins)."""
-    base = baseimage.read_probe(str(image), str(probe or ""))
-    return {
-        "machine": base.machine or "x86_64",
-        "libc": base.libc,
-        "python": baseimage.python_version(base, str(python_override or "")),
-        "kept": base.constraints(),
-    }
+    return base.wheelhouse_inputs(str(image), str(probe or ""), str(python_override or ""))
 
 
 def ddp_base_problems(
     probe: Any, image: str, requirements_text: str, requirements_path: str, pyproject_text: str,
-    python_override: str = "", imported: Any = False, os_packages: Any = (),
+    python_override: str = "", os_packages: Any = (),
 ) -> list[str]:  # fmt: skip
     """Every reason the node image cannot be built on the base image, each a sentence; [] when none."""
-    base = baseimage.read_probe(str(image), str(probe or ""))
-    return baseimage.problems(
-        base,
+    return base.probe_problems(
+        str(image),
+        str(probe or ""),
         requirements_text=str(requirements_text),
         requirements_path=str(requirements_path),
-        minimum=baseimage.minimum_python(str(pyproject_text)),
-        python_version=baseimage.python_version(base, str(python_override or "")),
-        imported=str(imported).lower() == "true",
+        pyproject_text=str(pyproject_text),
+        python_override=str(python_override or ""),
         os_packages=[str(name) for name in os_packages or []],
     )
 
@@ -53,28 +45,14 @@ def ddp_image_builder(
     """builder (controller|server), host (the inventory host whose engine builds) and reason; or error, the
     sentence that says why the setting cannot work. ``controller`` is the registered result of
     ``docker version`` on the controller, ``servers`` maps each remote server to its engine's answer."""
-    answered = (
-        isinstance(controller, dict)
-        and controller.get("rc") == 0
-        and str(controller.get("stdout", "")).strip()
+    return builder.choose_for_role(
+        str(setting or "auto"),
+        controller,
+        dict(servers or {}),
+        [str(host) for host in local_hosts or []],
+        str(build_host or ""),
+        str(image_arch or ""),
     )
-    reason = ""
-    if not answered:
-        said = controller.get("stderr") or controller.get("msg") if isinstance(controller, dict) else ""
-        reason = " ".join(str(said or "no answer").split())[:300]
-    try:
-        choice = builder.choose(
-            str(setting or "auto"),
-            str(controller["stdout"]).strip() if answered else None,
-            reason,
-            {str(name): str(answer) for name, answer in dict(servers or {}).items()},
-            [str(host) for host in local_hosts or []],
-            str(build_host or ""),
-            str(image_arch or ""),
-        )
-    except builder.BuilderError as error:
-        return {"builder": "", "host": "", "reason": "", "error": str(error)}
-    return {**choice.as_dict(), "error": ""}
 
 
 def ddp_docker_arch(name: Any) -> str:

@@ -21,10 +21,12 @@ from ddp_cluster.image.base import (
     make_wheelhouse,
     minimum_python,
     placeholder_wheel,
+    probe_problems,
     problems,
     pull_failure,
     read_probe,
     registry_of,
+    wheelhouse_inputs,
 )
 
 NGC_TORCH = "2.13.0a0+4c1f3e2a9b.nv26.10"
@@ -127,18 +129,18 @@ def test_a_python_version_setting_other_than_the_bases_and_a_probe_error_are_ref
     assert said.endswith("could not say what it has: SyntaxError: invalid syntax")
 
 
-def test_the_debian_an_earlier_version_imported_under_a_users_name_is_named() -> None:
-    leftover = read_probe(
-        "ascendai/cann:8.2", "manager: apt-get\ncodename: bookworm\nos: Debian GNU/Linux 12\n"
-    )
-    (said,) = check(leftover, imported=True)
-    assert "docker rmi ascendai/cann:8.2" in said
-    assert (
-        check(
-            read_probe("ddp-cluster/base:bookworm", "manager: apt-get\ncodename: bookworm\n"), imported=True
-        )
-        == []
-    )
+def test_the_roles_filters_read_the_probe_and_the_packages_minimum() -> None:
+    probe = probe_text({"torch": {"name": "torch", "version": "2.6.0", "requires": []}}, python="3.9.2")
+    assert wheelhouse_inputs("mine:1", probe) == {
+        "machine": "x86_64", "libc": "2.36", "python": "3.9", "kept": ["torch==2.6.0"]
+    }  # fmt: skip
+    assert wheelhouse_inputs("mine:1", "codename: jammy\n", "3.12")["python"] == "3.12"
+    assert wheelhouse_inputs("mine:1", "")["machine"] == "x86_64"
+    (said,) = probe_problems(
+        "mine:1", probe, requirements_text="", requirements_path="r.txt",
+        pyproject_text='requires-python = ">=3.10"\n',
+    )  # fmt: skip
+    assert said.startswith("the base image mine:1 has Python 3.9.2") and "older than the 3.10" in said
 
 
 def test_minimum_python_is_read_from_pyproject() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_cluster.image.builder import BuilderError, arch, choose
+from ddp_cluster.image.builder import BuilderError, arch, choose, choose_for_role
 
 X86 = "28.5.1 amd64"
 ARM = "26.1.5 arm64"
@@ -72,3 +72,16 @@ def test_architecture_names() -> None:
     assert [arch(word) for word in ("x86_64", "aarch64", "28.0 amd64", "arm64", "")] == [
         "amd64", "arm64", "amd64", "arm64", ""
     ]  # fmt: skip
+
+
+def test_the_roles_registered_answers_are_read_as_the_engines_answers() -> None:
+    servers = {"atlas0": ARM, "atlas1": ARM}
+    missing = {"rc": 2, "msg": "[Errno 2] No such file or directory: b'docker'", "failed": True}
+    chosen = choose_for_role("auto", missing, servers, [], "atlas1")
+    assert (chosen["builder"], chosen["host"], chosen["error"]) == ("server", "atlas1", "")
+    assert "no Docker engine ([Errno 2] No such file or directory: b'docker')" in chosen["reason"]
+    assert "(no answer)" in choose_for_role("controller", None, servers)["error"]
+    down = {"rc": 1, "stdout": "", "stderr": "Cannot connect\n to the Docker daemon"}
+    refused = choose_for_role("controller", down, servers)
+    assert refused["builder"] == "" and "(Cannot connect to the Docker daemon)" in refused["error"]
+    assert choose_for_role("auto", {"rc": 0, "stdout": ARM + "\n"}, servers)["builder"] == "controller"

@@ -1,18 +1,27 @@
-"""The image stage's registry distribution (roles/training_image/library/ddp_image_distribute.py) and the ssh
-targets it logs in with (plugins/filter/ddp_cluster.py): the pieces, without a registry or an engine. The
-controller's registry started and stopped for real: tests/test_controller_registry.py; the whole path runs on
-the simulated servers (tests/sim/test_sim_5_image.py)."""
+"""The image stage's registry distribution (ddp_cluster.image.distribute, the role's module
+ddp_image_distribute ships it as module_utils) and the ssh targets it logs in with
+(plugins/filter/ddp_cluster.py): the pieces, without a registry or an engine, and the module run by Ansible.
+The controller's registry started and stopped for real: tests/test_controller_registry.py; the whole path
+runs on the simulated servers (tests/sim/test_sim_5_image.py)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
+from ddp_cluster.image import distribute as dist
+
 REPO = Path(__file__).resolve().parents[2]
+ROLE = REPO / "roles" / "training_image"
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -23,9 +32,6 @@ def _load(name: str, path: Path) -> ModuleType:
     return module
 
 
-dist = _load(
-    "ddp_image_distribute", REPO / "roles" / "training_image" / "library" / "ddp_image_distribute.py"
-)
 filters = _load("ddp_cluster_filters_ssh", REPO / "plugins" / "filter" / "ddp_cluster.py")
 
 PULL_ONE_LAYER = """\
@@ -205,3 +211,72 @@ def test_docker_over_ssh_runs_the_servers_docker_through_the_controllers_ssh(tmp
     assert refused.returncode == 1 and "cp is not passed through" in refused.stderr
     local = subprocess.run([str(shim), "version"], env=env, capture_output=True, text=True)
     assert local.returncode == 127 and "-H ssh://USER@ADDRESS" in local.stderr
+
+
+def params(**given: Any) -> dict[str, Any]:
+    return {"image": "ddp-cluster/node:ab12", "servers": [], "registry": "", "port": 15000,
+            "registry_command": "docker-registry", "storage": "/nonexistent", "parallel": 16, "timeout": 60,
+            "source": None, "source_address": "", "source_script": "", "receiver_script": "",
+            **given}  # fmt: skip
+
+
+def test_check_mode_and_no_server_lacking_it_only_name_the_reference() -> None:
+    assert dist.run(params(), check_mode=False) == (False, {
+        "changed": False, "reference": "127.0.0.1:15000/ddp-cluster/node:ab12", "servers": {},
+        "failed_servers": [], "push_seconds": 0.0, "pushed_layers": 0, "bytes_served": 0,
+    })  # fmt: skip
+    failed, result = dist.run(params(servers=[{"name": "a", "ssh": ["ssh", "a"]}]), check_mode=True)
+    assert not failed and result["changed"] and result["servers"] == {}
+    source = params(source={"name": "a", "ssh": ["ssh", "a"]}, registry="harbor.example.com")
+    assert dist.run(source, check_mode=True)[1]["reference"] == "127.0.0.1:15000/ddp-cluster/node:ab12"
+
+
+def test_a_registry_that_cannot_start_fails_the_call_naming_what_to_install(tmp_path: Path) -> None:
+    given = params(servers=[{"name": "a", "ssh": ["ssh", "a"]}], registry_command="/nonexistent/registry",
+                   storage=str(tmp_path / "storage"), port=_free_port())  # fmt: skip
+    failed, result = dist.run(given, check_mode=False)
+    assert failed and "apt-get install docker-registry" in result["msg"] and result["failed_servers"] == []
+
+
+def test_every_server_is_pulled_and_the_failed_ones_are_named() -> None:
+    servers = [{"name": f"s{index}", "ssh": ["ssh", f"s{index}"]} for index in range(5)]
+
+    def pull_one(server: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": server["name"] != "s3"}
+
+    report = dist.pull_everywhere(servers, 2, pull_one)
+    assert list(report["servers"]) == ["s0", "s1", "s2", "s3", "s4"] and report["failed_servers"] == ["s3"]
+
+
+def test_a_pull_past_the_bound_says_so() -> None:
+    done = subprocess.CompletedProcess(["ssh"], 124, "0c8d71f0a3b2: Already exists\n", "timed out after 5 s")
+    result = dist.pull_result(done, 0.0, 5, "the pull failed")
+    assert not result["ok"] and result["layers_present"] == 1
+    assert result["error"] == "the pull did not finish within 5 s (training_image_pull_timeout)"
+    assert dist.run_bounded(["sleep", "5"], 1).returncode == 124
+
+
+def test_the_module_runs_through_ansible_with_the_package_as_module_utils() -> None:
+    env = os.environ | {
+        "ANSIBLE_LIBRARY": str(ROLE / "library"),
+        "ANSIBLE_MODULE_UTILS": str(ROLE / "module_utils"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "json",
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+    }
+    servers = [{"name": "a", "ssh": ["ssh", "a"]}]
+    arguments = json.dumps(
+        {
+            "image": "ddp-cluster/node:ab12",
+            "storage": "/nonexistent",
+            "registry": "h.example/ml",
+            "servers": servers,
+        }
+    )
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+         "-m", "ddp_image_distribute", "-a", arguments, "--check"],
+        capture_output=True, text=True, env=env, cwd="/", timeout=120,
+    )  # fmt: skip
+    result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    assert result["changed"] and result["reference"] == "h.example/ml/ddp-cluster/node:ab12", result

@@ -35,18 +35,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.image.probe import PREFIX, canonical, requirement_name
 
 # Package managers the image build knows (docker/install-os-packages.sh), in the order it tries them.
 MANAGERS = ("apt-get", "dnf", "yum")
-# The project's own base images: the only ones ever built here (debootstrap), never pulled.
-PROJECT_BASE = "ddp-cluster/base:"
 # A build tag ranks a placeholder above a real wheel of the same version and tags (pip: version, tag, build).
 PLACEHOLDER_BUILD = "99999ddp"
 KEEP = "the node image never installs over the base image's torch, torch_npu, numpy or their dependencies"
 
 
-class BaseImageError(Exception):
+class BaseImageError(DdpClusterError):
     """The wheelhouse cannot be made for this base image; the message says why and what to do."""
 
 
@@ -206,27 +205,12 @@ def problems(
     requirements_path: str,
     minimum: str,
     python_version: str,
-    imported: bool = False,
     os_packages: Sequence[str] = (),
 ) -> list[str]:
     """Every reason the node image cannot be built on this base, each a sentence that says what to do; [] if
     none. python_version: the X.Y the wheelhouse is for (the setting, else the base's python3, else its
-    distribution's); imported: the image was made by ``docker import`` with ``CMD ["/bin/bash"]``, as earlier
-    versions made Debian; os_packages: training_image_os_packages."""
+    distribution's); os_packages: training_image_os_packages."""
     found = []
-    if (
-        imported
-        and not base.image.startswith(PROJECT_BASE)
-        and not base.python
-        and base.codename == "bookworm"
-    ):
-        # What earlier versions did when a user's base could not be pulled: Debian under the user's name.
-        return [
-            f"the base image {base.image} on this engine is a plain {base.os} without Python made by docker "
-            "import, most likely by an earlier ddp-cluster that could not pull your image and built Debian "
-            f"under its name: remove it (docker rmi {base.image}) and run again, so that yours is pulled "
-            "(for the plain Debian base, name ddp-cluster/base:bookworm)"
-        ]
     if base.probe_error:
         found.append(
             f"the base image {base.image}'s python3 ({base.executable or 'on its PATH'}) could not say what "
@@ -275,6 +259,40 @@ def problems(
     for line in conflicts(base, requirements_text, python_version or base.python_minor):
         found.append(f"training_image_requirements ({requirements_path}) {line}; {KEEP}")
     return found
+
+
+def wheelhouse_inputs(image: str, probe: str, python_override: str = "") -> dict[str, Any]:
+    """What the wheelhouse depends on, from the role's probe of image: machine, libc, python (the X.Y the
+    image will run), kept (the pins of what the base keeps)."""
+    base = read_probe(image, probe)
+    return {
+        "machine": base.machine or "x86_64",
+        "libc": base.libc,
+        "python": python_version(base, python_override),
+        "kept": base.constraints(),
+    }
+
+
+def probe_problems(
+    image: str,
+    probe: str,
+    *,
+    requirements_text: str,
+    requirements_path: str,
+    pyproject_text: str,
+    python_override: str = "",
+    os_packages: Sequence[str] = (),
+) -> list[str]:
+    """:func:`problems` of the base the role's probe describes, against the package's requires-python."""
+    base = read_probe(image, probe)
+    return problems(
+        base,
+        requirements_text=requirements_text,
+        requirements_path=requirements_path,
+        minimum=minimum_python(pyproject_text),
+        python_version=python_version(base, python_override),
+        os_packages=os_packages,
+    )
 
 
 def _record_hash(data: bytes) -> str:

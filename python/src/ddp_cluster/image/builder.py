@@ -1,4 +1,4 @@
-"""Where the node image is built: on the controller's Docker engine, or on one of the servers' (issue 22).
+"""Where the node image is built: on the controller's Docker engine, or on one of the servers'.
 
 ``cluster_image_builder`` is ``controller``, ``server`` or ``auto``. ``auto`` builds on a server when the
 controller has no Docker engine, or when the servers' architecture differs from the controller's (an x86-64
@@ -7,12 +7,14 @@ before anything is built; a setting that cannot work is refused, naming what to 
 
 The inputs are the engines' own answers (``docker version --format '{{.Server.Version}} {{.Server.Arch}}'``):
 the controller's (``None`` when no engine answered, with the reason) and each server's.
+:func:`choose_for_role` takes them as the role registers them, and answers as the role reads them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
 
@@ -124,3 +126,34 @@ def choose(
             "to build on a server of the servers' architecture"
         )
     return Choice("controller", "localhost", "cluster_image_builder is controller")
+
+
+def choose_for_role(
+    setting: str,
+    controller: Any,
+    servers: Mapping[str, Any],
+    local_hosts: Sequence[str] = (),
+    build_host: str = "",
+    image_arch: str = "",
+) -> dict[str, str]:
+    """:func:`choose` from the role's registered result of ``docker version`` on the controller (a command
+    result: rc, stdout, stderr or msg) and each server's answer: builder, host, reason and error ('' or the
+    sentence that says why the setting cannot work)."""
+    answer = controller if isinstance(controller, Mapping) else {}
+    stdout = str(answer.get("stdout", "")).strip()
+    answered = answer.get("rc") == 0 and bool(stdout)
+    said = answer.get("stderr") or answer.get("msg")
+    reason = "" if answered else " ".join(str(said or "no answer").split())[:300]
+    try:
+        choice = choose(
+            setting or "auto",
+            stdout if answered else None,
+            reason,
+            {str(name): str(value) for name, value in servers.items()},
+            local_hosts,
+            build_host,
+            image_arch,
+        )
+    except BuilderError as error:
+        return {"builder": "", "host": "", "reason": "", "error": str(error)}
+    return {**choice.as_dict(), "error": ""}
