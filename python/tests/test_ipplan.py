@@ -11,7 +11,7 @@ import yaml
 
 from ddp_cluster.ascend import ipplan
 from ddp_cluster.ascend.ipplan import (
-    PlanError,
+    IpPlanError,
     Violation,
     check_plan,
     check_plan_dict,
@@ -344,7 +344,7 @@ def replaced(data: dict[str, Any], value: Any, *path: Any) -> dict[str, Any]:
     ],
 )
 def test_malformed_plans_name_the_key(data: Any, named: str) -> None:
-    with pytest.raises(PlanError) as error:
+    with pytest.raises(IpPlanError) as error:
         plan_from_dict(data)
     assert named in str(error.value)
 
@@ -352,18 +352,18 @@ def test_malformed_plans_name_the_key(data: Any, named: str) -> None:
 def test_seed_form_errors_name_the_server() -> None:
     data = seed000()
     data["servers"][1] = {"host_ip": "192.168.1.23", "device_ip_seed": "192.168.100.x"}
-    with pytest.raises(PlanError, match=r"servers\[1\]\.device_ip_seed"):
+    with pytest.raises(IpPlanError, match=r"servers\[1\]\.device_ip_seed"):
         plan_from_dict(data)
     data["servers"][1] = {"host_ip": "192.168.1.23", "device_ip_seed": "255.255.255.250", "device_count": 8}
     data["product"] = "atlas-a2"
-    with pytest.raises(PlanError, match="address space"):
+    with pytest.raises(IpPlanError, match="address space"):
         plan_from_dict(data)
 
 
 def test_load_plan_rejects_bad_yaml(tmp_path: Path) -> None:
     path = tmp_path / "plan.yml"
     path.write_text("product: [unclosed\n")
-    with pytest.raises(PlanError, match="not valid YAML"):
+    with pytest.raises(IpPlanError, match="not valid YAML"):
         load_plan(path)
 
 

@@ -1,19 +1,21 @@
 """The Ascend device NICs as hccn_tool sees them: what to set, what a device reports, what differs, what is
 wrong.
 
-One module for the ``hccn_network`` role's filter plugin, its Ansible module (``ddp_hccn``, which ships this
-file to the servers as module_utils, so it uses the standard library only) and ``ddp-cluster hccn``:
+One module for the playbooks' filters (through :mod:`ddp_cluster.inventory.npu`), the ``hccn_network`` role's
+Ansible module (``ddp_hccn``, which ships this file to the servers as module_utils, so it uses the standard
+library only and runs on Python 3.8) and ``ddp-cluster hccn``:
 
-- :func:`device_settings`: from a device-IP plan (plain data, as :mod:`ddp_cluster.ascend.ipplan`
-expands
-it), what
-  each device of one server should be set to: address, netmask, netdetect address, gateway;
+- :func:`device_settings`: from a device-IP plan (plain data, as :mod:`ddp_cluster.ascend.ipplan` expands
+  it), what each device of one server should be set to: address, netmask, netdetect address, gateway;
 - :func:`fields`, :func:`net_health_name`, :func:`healthy`: hccn_tool's ``-g`` outputs, as the manuals print
-  them (seeds 000, 002): ``ipaddr:A`` / ``netmask:M``, ``netdetect address: A``, ``default gateway:G,
-  Iface:ethN``, ``link status: UP``, ``net health status: Success`` (some versions print the code);
+  them (the Ascend PyTorch DDP manual, the Ascend multi-node checklist): ``ipaddr:A`` / ``netmask:M``,
+  ``netdetect address: A``, ``default gateway:G, Iface:ethN``, ``link status: UP``, ``net health status:
+  Success`` (some versions print the code);
 - :func:`changes`: read-compare-set: only the ``-s`` calls whose setting a device reports differently,
   addresses before the detection and gateway that rely on them;
-- :func:`problems`: the health verdict per device (address, net_health, link, LLDP).
+- :func:`problems`: the health verdict per device (address, net_health, link, LLDP);
+- :func:`configure`, :func:`verify`: the module's two modes, reading and setting through a ``run`` callable
+  (the module's ``run_command``; the command's ``subprocess``; a fake in tests).
 
 ``readings`` everywhere is what the module reads: {device id (str): {query ("-ip", ...): {"stdout": text}}}.
 """
@@ -27,8 +29,8 @@ from typing import Any
 
 SETTING_ORDER = ("ip", "netdetect", "gateway")
 
-# Seed 002, table 2: "0:Success;1:Socket fail;2:Receive timeout;3:Unreachable;4:Time exceeded;5:Fault;6:Init;
-# 7:Thread error;8:Detect ip set;其它:Unknown"
+# The Ascend multi-node checklist, table 2: "0:Success;1:Socket fail;2:Receive timeout;3:Unreachable;
+# 4:Time exceeded;5:Fault;6:Init;7:Thread error;8:Detect ip set;其它:Unknown"
 NET_HEALTH_NAMES = {
     0: "Success",
     1: "Socket fail",
@@ -89,8 +91,9 @@ def device_settings(
     """What hccn_tool should set on each device of one host: device, address, netmask, detect, gateway.
 
     detect_ips: one address per device, or one address for all devices, or empty: then each device probes
-    the device at the same position on the next server of the plan (seed 000: "the IP of device i of the
-    other machine"), which the plan rules put in the same subnet. gateways: the same forms; empty: none set.
+    the device at the same position on the next server of the plan (the Ascend PyTorch DDP manual: "the IP
+    of device i of the other machine"), which the plan rules put in the same subnet. gateways: the same
+    forms; empty: none set.
     """
     servers = list(plan["servers"])
     names = [server.get("host") for server in servers]

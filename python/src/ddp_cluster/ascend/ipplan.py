@@ -12,8 +12,8 @@ A plan is the data the inventory holds about the NPU device network::
         device_ip_seed: 192.168.100.111   # or one address, expanded as below
         device_count: 8                   # with a seed only; default 8
 
-The rules are those of the vendor manuals (seed 002, section "configure device IP"; seed 000 gives the
-Atlas training ones too); the short ids are what violations carry:
+The rules are those of the vendor manuals (the Ascend multi-node checklist, section "configure device IP"; the
+Ascend PyTorch DDP manual gives the Atlas training ones too); the short ids are what violations carry:
 
 * Atlas training series: devices 0/4, 1/5, 2/6 and 3/7 of a server share a subnet (``pair-subnet``),
   devices 0-3 are in four different subnets and so are 4-7 (``distinct-subnets``), and in a cluster the
@@ -26,23 +26,24 @@ Atlas training ones too); the short ids are what violations carry:
   valid IPv4 address (``ip-valid``), neither the network nor the broadcast address of its subnet
   (``ip-host-part``), and no server's host address (``ip-is-host``). Host addresses must be valid and
   distinct (``host-ip``, ``host-ip-unique``), host names distinct (``host-unique``).
-* Device counts (seed 002): collective communication takes 1/2/4/8 devices; Atlas training clusters need
-  1*n, 2*n, 4*n or 8*n NPUs (so 1, 2, 4 or 8 on every server), A2/A3 clusters (1~8)*n, where an uneven
-  count per server "degrades performance"; ``hccn_tool -i`` takes 0~7. Rules ``device-count`` and
-  ``device-count-uniform`` (an error on Atlas training, a warning on A2/A3).
+* Device counts (the Ascend multi-node checklist): collective communication takes 1/2/4/8 devices; Atlas
+  training clusters need 1*n, 2*n, 4*n or 8*n NPUs (so 1, 2, 4 or 8 on every server), A2/A3 clusters (1~8)*n,
+  where an uneven count per server "degrades performance"; ``hccn_tool -i`` takes 0~7. Rules ``device-count``
+  and ``device-count-uniform`` (an error on Atlas training, a warning on A2/A3).
 
 Seed expansion (``device_ip_seed``), as the manuals' own examples lay the addresses out:
 
-* atlas-training, seed 000: ``192.168.100.101`` gives devices 0-3 ``192.168.100.101``, ``192.168.101.101``,
-  ``192.168.102.101``, ``192.168.103.101`` and devices 4-7 ``192.168.100.100`` ... ``192.168.103.100``:
-  device ``i`` lies ``i % 4`` subnets after the seed's subnet (the next /24 for 255.255.255.0, the next
-  subnet of the plan's netmask in general), at the seed's host number minus ``i // 4``. A seed whose host
-  number is 1 therefore puts devices 4-7 on network addresses; the check reports that.
-* atlas-a2 / atlas-a3, seed 002: ``10.x.x.2`` gives devices 0-7 ``10.x.x.2`` ... ``10.x.x.9``: device ``i``
-  is the seed plus ``i``.
+* atlas-training, as the Ascend PyTorch DDP manual lays them out: ``192.168.100.101`` gives devices 0-3
+  ``192.168.100.101``, ``192.168.101.101``, ``192.168.102.101``, ``192.168.103.101`` and devices 4-7
+  ``192.168.100.100`` ... ``192.168.103.100``: device ``i`` lies ``i % 4`` subnets after the seed's subnet
+  (the next /24 for 255.255.255.0, the next subnet of the plan's netmask in general), at the seed's host
+  number minus ``i // 4``. A seed whose host number is 1 therefore puts devices 4-7 on network addresses; the
+  check reports that.
+* atlas-a2 / atlas-a3, as the Ascend multi-node checklist does: ``10.x.x.2`` gives devices 0-7 ``10.x.x.2``
+  ... ``10.x.x.9``: device ``i`` is the seed plus ``i``.
 
 Structural problems (not a mapping, a missing or unknown key, an unknown product, a netmask that is not a
-dotted mask) raise :class:`PlanError`, whose message names the key. Problems with the addresses themselves
+dotted mask) raise :class:`IpPlanError`, whose message names the key. Problems with the addresses themselves
 are :class:`Violation` objects from :func:`check_plan`, so one run reports all of them.
 """
 
@@ -58,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ddp_cluster.errors import DdpClusterError
 
 PRODUCTS = ("atlas-training", "atlas-a2", "atlas-a3")
 DEFAULT_DEVICE_COUNT = 8
@@ -83,7 +86,8 @@ PRODUCT_RULES: dict[str, ProductRules] = {
 }
 
 
-class PlanError(ValueError):
+# A ValueError too: the job's planner and the supervisor take a bad plan for what it is, a bad value.
+class IpPlanError(DdpClusterError, ValueError):
     """The plan is not shaped like a plan: the message names the offending key."""
 
 
@@ -100,7 +104,7 @@ class Server:
 
 
 @dataclass(frozen=True)
-class Plan:
+class IpPlan:
     product: str
     netmask: str
     servers: tuple[Server, ...]
@@ -138,17 +142,17 @@ class Violation:
 
 
 def netmask_prefixlen(netmask: str) -> int:
-    """The prefix length of a dotted netmask such as 255.255.255.0; PlanError if it is not one."""
+    """The prefix length of a dotted netmask such as 255.255.255.0; IpPlanError if it is not one."""
     hint = "use a dotted netmask such as 255.255.255.0"
     try:
         mask = int(ipaddress.IPv4Address(netmask))
     except ValueError:
-        raise PlanError(f"netmask: {netmask!r} is not a dotted netmask; {hint}") from None
+        raise IpPlanError(f"netmask: {netmask!r} is not a dotted netmask; {hint}") from None
     prefix = 32 - ((~mask & 0xFFFFFFFF).bit_length())
     if mask != (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF:
-        raise PlanError(f"netmask: {netmask} has non-contiguous bits; {hint}")
+        raise IpPlanError(f"netmask: {netmask} has non-contiguous bits; {hint}")
     if not 1 <= prefix <= 30:
-        raise PlanError(f"netmask: {netmask} (/{prefix}) leaves no room for device addresses; {hint}")
+        raise IpPlanError(f"netmask: {netmask} (/{prefix}) leaves no room for device addresses; {hint}")
     return prefix
 
 
@@ -157,25 +161,26 @@ def expand_device_ip_seed(
 ) -> list[str]:
     """The device addresses a seed address stands for, laid out as the vendor manuals do.
 
-    atlas-training (seed 000): device ``i`` is ``i % 4`` subnets after the seed's subnet, at the seed's host
-    number minus ``i // 4`` (192.168.100.101 -> 192.168.100.101, 192.168.101.101, 192.168.102.101,
-    192.168.103.101, 192.168.100.100, ..., 192.168.103.100). atlas-a2/a3 (seed 002): the seed plus ``i``.
+    atlas-training (the Ascend PyTorch DDP manual): device ``i`` is ``i % 4`` subnets after the seed's subnet,
+    at the seed's host number minus ``i // 4`` (192.168.100.101 -> 192.168.100.101, 192.168.101.101,
+    192.168.102.101, 192.168.103.101, 192.168.100.100, ..., 192.168.103.100). atlas-a2/a3 (the Ascend
+    multi-node checklist): the seed plus ``i``.
     """
     if product not in PRODUCT_RULES:
-        raise PlanError(f"product: {product!r} is not one of {', '.join(PRODUCTS)}")
+        raise IpPlanError(f"product: {product!r} is not one of {', '.join(PRODUCTS)}")
     try:
         base = int(ipaddress.IPv4Address(seed))
     except ValueError:
-        raise PlanError(f"device_ip_seed: {seed!r} is not an IPv4 address") from None
+        raise IpPlanError(f"device_ip_seed: {seed!r} is not an IPv4 address") from None
     if count < 1:
-        raise PlanError(f"device_count: {count} must be at least 1")
+        raise IpPlanError(f"device_count: {count} must be at least 1")
     subnet_size = 1 << (32 - netmask_prefixlen(netmask))
     four_subnets = PRODUCT_RULES[product].four_subnet_layout
     addresses = []
     for i in range(count):
         value = base + (i % 4) * subnet_size - i // 4 if four_subnets else base + i
         if not 0 <= value <= 0xFFFFFFFF:
-            raise PlanError(f"device_ip_seed: {seed} with {count} devices runs past the IPv4 address space")
+            raise IpPlanError(f"device_ip_seed: {seed} with {count} devices runs past the IPv4 address space")
         addresses.append(str(ipaddress.IPv4Address(value)))
     return addresses
 
@@ -183,7 +188,7 @@ def expand_device_ip_seed(
 def _reject_unknown_keys(data: Mapping[Any, Any], allowed: Sequence[str], where: str) -> None:
     unknown = [str(key) for key in data if key not in allowed]
     if unknown:
-        raise PlanError(
+        raise IpPlanError(
             f"{where}: unknown key {', '.join(repr(k) for k in unknown)}; allowed keys: {', '.join(allowed)}"
         )
 
@@ -191,28 +196,28 @@ def _reject_unknown_keys(data: Mapping[Any, Any], allowed: Sequence[str], where:
 def _text(data: Mapping[Any, Any], key: str, where: str, required: bool = True) -> str | None:
     if key not in data or data[key] is None:
         if required:
-            raise PlanError(f"{where}: missing key {key!r}")
+            raise IpPlanError(f"{where}: missing key {key!r}")
         return None
     value = data[key]
     if not isinstance(value, str):
-        raise PlanError(f"{where}.{key}: expected a string, got {type(value).__name__} {value!r}")
+        raise IpPlanError(f"{where}.{key}: expected a string, got {type(value).__name__} {value!r}")
     return value
 
 
 def _count(value: Any, where: str) -> int:
     # Ansible templating may hand numbers over as strings.
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise PlanError(f"{where}: expected a whole number, got {value!r}")
+        raise IpPlanError(f"{where}: expected a whole number, got {value!r}")
     try:
         return int(value)
     except ValueError:
-        raise PlanError(f"{where}: expected a whole number, got {value!r}") from None
+        raise IpPlanError(f"{where}: expected a whole number, got {value!r}") from None
 
 
 def _server_from_dict(data: Any, index: int, product: str, netmask: str) -> Server:
     where = f"servers[{index}]"
     if not isinstance(data, Mapping):
-        raise PlanError(f"{where}: expected a mapping with host_ip and device_ips, got {data!r}")
+        raise IpPlanError(f"{where}: expected a mapping with host_ip and device_ips, got {data!r}")
     _reject_unknown_keys(data, SERVER_KEYS, where)
     host = _text(data, "host", where, required=False)
     host_ip = _text(data, "host_ip", where)
@@ -221,28 +226,28 @@ def _server_from_dict(data: Any, index: int, product: str, netmask: str) -> Serv
     raw_ips = data.get("device_ips")
     if seed is not None:
         if raw_ips is not None:
-            raise PlanError(f"{where}: give either device_ips or device_ip_seed, not both")
+            raise IpPlanError(f"{where}: give either device_ips or device_ip_seed, not both")
         count = DEFAULT_DEVICE_COUNT
         if data.get("device_count") is not None:
             count = _count(data["device_count"], f"{where}.device_count")
         try:
             device_ips = expand_device_ip_seed(seed, product, netmask, count)
-        except PlanError as exc:
-            raise PlanError(f"{where}.{exc}") from None
+        except IpPlanError as exc:
+            raise IpPlanError(f"{where}.{exc}") from None
         return Server(host_ip=host_ip, device_ips=tuple(device_ips), host=host)
     if data.get("device_count") is not None:
-        raise PlanError(f"{where}.device_count: only used with device_ip_seed; device_ips gives the count")
+        raise IpPlanError(f"{where}.device_count: only used with device_ip_seed; device_ips gives the count")
     if raw_ips is None:
-        raise PlanError(f"{where}: missing key 'device_ips' (or 'device_ip_seed')")
+        raise IpPlanError(f"{where}: missing key 'device_ips' (or 'device_ip_seed')")
     if isinstance(raw_ips, str) or not isinstance(raw_ips, Sequence):
-        raise PlanError(
+        raise IpPlanError(
             f"{where}.device_ips: expected a list of addresses, got {raw_ips!r}; "
             "use device_ip_seed for a single seed address"
         )
     device_ips = []
     for position, address in enumerate(raw_ips):
         if not isinstance(address, str):
-            raise PlanError(
+            raise IpPlanError(
                 f"{where}.device_ips[{position}]: expected an address string, "
                 f"got {type(address).__name__} {address!r}"
             )
@@ -250,41 +255,41 @@ def _server_from_dict(data: Any, index: int, product: str, netmask: str) -> Serv
     return Server(host_ip=host_ip, device_ips=tuple(device_ips), host=host)
 
 
-def plan_from_dict(data: Any) -> Plan:
-    """Build a Plan from plain data (a parsed YAML file, Ansible variables); PlanError names a bad key."""
+def plan_from_dict(data: Any) -> IpPlan:
+    """Build a IpPlan from plain data (a parsed YAML file, Ansible variables); IpPlanError names a bad key."""
     if not isinstance(data, Mapping):
-        raise PlanError(f"plan: expected a mapping with keys {', '.join(PLAN_KEYS)}, got {data!r}")
+        raise IpPlanError(f"plan: expected a mapping with keys {', '.join(PLAN_KEYS)}, got {data!r}")
     _reject_unknown_keys(data, PLAN_KEYS, "plan")
     product = _text(data, "product", "plan")
     assert product is not None
     if product not in PRODUCT_RULES:
-        raise PlanError(f"product: {product!r} is not one of {', '.join(PRODUCTS)}")
+        raise IpPlanError(f"product: {product!r} is not one of {', '.join(PRODUCTS)}")
     netmask = _text(data, "netmask", "plan")
     assert netmask is not None
     netmask_prefixlen(netmask)
     servers = data.get("servers")
     if servers is None:
-        raise PlanError("plan: missing key 'servers'")
+        raise IpPlanError("plan: missing key 'servers'")
     if isinstance(servers, str) or not isinstance(servers, Sequence) or not servers:
-        raise PlanError(f"servers: expected a non-empty list of servers, got {servers!r}")
-    return Plan(
+        raise IpPlanError(f"servers: expected a non-empty list of servers, got {servers!r}")
+    return IpPlan(
         product=product,
         netmask=netmask,
         servers=tuple(_server_from_dict(s, i, product, netmask) for i, s in enumerate(servers)),
     )
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Read a plan from a YAML file. OSError if it cannot be read, PlanError if it is not a valid plan."""
+def load_plan(path: str | Path) -> IpPlan:
+    """Read a plan from a YAML file. OSError if it cannot be read, IpPlanError if it is not a valid plan."""
     text = Path(path).read_text(encoding="utf-8")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise PlanError(f"{path}: not valid YAML: {exc}") from None
+        raise IpPlanError(f"{path}: not valid YAML: {exc}") from None
     return plan_from_dict(data)
 
 
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
+def plan_to_dict(plan: IpPlan) -> dict[str, Any]:
     """Plain data for a plan, seeds expanded: what Ansible and `ddp-cluster ip-plan expand` hand on."""
     servers: list[dict[str, Any]] = []
     for server in plan.servers:
@@ -310,7 +315,7 @@ def _ipv4(text: str) -> ipaddress.IPv4Address | None:
 class _Checker:
     """Collects violations with a sort key, so the report reads server by server, device by device."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: IpPlan) -> None:
         self.plan = plan
         self.prefix = plan.prefixlen
         self.rules = PRODUCT_RULES[plan.product]
@@ -379,7 +384,7 @@ def _check_device_counts(c: _Checker) -> None:
             consequence = (
                 "Atlas training clusters need the same number (1*n, 2*n, 4*n or 8*n NPUs)"
                 if c.rules.uneven_count_severity == ERROR
-                else "uneven counts degrade performance (seed 002)"
+                else "uneven counts degrade performance (the Ascend multi-node checklist)"
             )
             c.add(
                 s,
@@ -409,7 +414,7 @@ def _check_addresses(c: _Checker) -> None:
                 c.add(s, d, "ip-unique", f"{address} is also {c.name(*first_use[address])}")
             else:
                 first_use[address] = (s, d)
-    # Seed 002: addresses of one subnet must differ in their last 8 bits.
+    # The Ascend multi-node checklist: addresses of one subnet must differ in their last 8 bits.
     by_subnet_octet: dict[tuple[ipaddress.IPv4Network, int], tuple[int, int]] = {}
     for (s, d), address in c.addresses.items():
         if first_use[address] != (s, d):
@@ -506,7 +511,7 @@ def _check_one_subnet(c: _Checker) -> None:
 CHECKS: tuple[Callable[[_Checker], None], ...] = (_check_hosts, _check_device_counts, _check_addresses)
 
 
-def check_plan(plan: Plan) -> list[Violation]:
+def check_plan(plan: IpPlan) -> list[Violation]:
     """Every rule the plan breaks, ordered by server then device; empty when the plan is valid."""
     checker = _Checker(plan)
     for check in CHECKS:
@@ -526,24 +531,24 @@ def check_plan_dict(data: Any) -> list[dict[str, Any]]:
     """check_plan for plain data, as an Ansible filter plugin calls it; never raises for bad input.
 
     Returns one dict per violation (server, device, rule, message, severity). A plan that is not shaped
-    like a plan gives a single violation with rule ``plan-format`` and the PlanError message.
+    like a plan gives a single violation with rule ``plan-format`` and the IpPlanError message.
     """
     try:
         plan = plan_from_dict(data)
-    except PlanError as exc:
+    except IpPlanError as exc:
         return [Violation(None, None, "plan-format", str(exc)).as_dict()]
     return [violation.as_dict() for violation in check_plan(plan)]
 
 
 def normalize_plan_dict(data: Any) -> dict[str, Any]:
-    """A plan's plain data with every seed expanded (PlanError for a malformed plan)."""
+    """A plan's plain data with every seed expanded (IpPlanError for a malformed plan)."""
     return plan_to_dict(plan_from_dict(data))
 
 
 # --- command line ----------------------------------------------------------------------------------------
 
 
-def _summary(plan: Plan) -> str:
+def _summary(plan: IpPlan) -> str:
     counts = sorted({len(server.device_ips) for server in plan.servers})
     per_server = "/".join(map(str, counts))
     total = sum(len(server.device_ips) for server in plan.servers)
@@ -568,13 +573,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def read_plan_or_report(path: str, prog: str) -> Plan | None:
+def read_plan_or_report(path: str, prog: str) -> IpPlan | None:
     """load_plan for the command lines: on failure print why to stderr and return None."""
     try:
         return load_plan(path)
     except OSError as exc:
         print(f"{prog}: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
-    except PlanError as exc:
+    except IpPlanError as exc:
         print(f"{prog}: {path}: {exc}", file=sys.stderr)
     return None
 

@@ -1,6 +1,6 @@
 """HCCL rank tables (version 1.0) from a device-IP plan.
 
-The layout is the one the vendor's ``hccl_tools.py`` writes (seed 004)::
+The layout is the one the vendor's ``hccl_tools.py`` writes (the MindOCR distributed training manual)::
 
     {
         "version": "1.0",
@@ -15,10 +15,10 @@ The layout is the one the vendor's ``hccl_tools.py`` writes (seed 004)::
         "status": "completed"
     }
 
-Every value is a string. Seed 003's two-host table has the same keys less ``host_nic_ip`` and says "主节点的
-device信息需配置在第一个device中 ... rank_id需要一直升序": the master server comes first and rank ids ascend
-through the servers in that order. ``device_id`` is the device's position in the plan (what ``hccn_tool -i``
-and ``DEVICE_ID`` take), ``server_id`` the server's host address.
+Every value is a string. The container training manual's two-host table has the same keys less
+``host_nic_ip`` and says "主节点的device信息需配置在第一个device中 ... rank_id需要一直升序": the master server
+comes first and rank ids ascend through the servers in that order. ``device_id`` is the device's position
+in the plan (what ``hccn_tool -i`` and ``DEVICE_ID`` take), ``server_id`` the server's host address.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.ascend.ipplan import (
-    Plan,
+    IpPlan,
     Server,
     Violation,
     check_plan,
@@ -41,12 +41,14 @@ from ddp_cluster.ascend.ipplan import (
     plan_from_dict,
     read_plan_or_report,
 )
+from ddp_cluster.errors import DdpClusterError
 
 RANK_TABLE_VERSION = "1.0"
-HOST_NIC_IP_RESERVED = "reserve"  # what hccl_tools.py writes (seed 004)
+HOST_NIC_IP_RESERVED = "reserve"  # what hccl_tools.py writes (the MindOCR distributed training manual)
 
 
-class RankTableError(ValueError):
+# A ValueError too, as IpPlanError: the job's planner takes either for a bad value.
+class RankTableError(DdpClusterError, ValueError):
     """The rank table cannot be made: an invalid plan or an unknown master."""
 
     def __init__(self, message: str, violations: list[Violation] | None = None) -> None:
@@ -54,7 +56,7 @@ class RankTableError(ValueError):
         self.violations = violations or []
 
 
-def order_servers(plan: Plan, master: str | None = None) -> list[Server]:
+def order_servers(plan: IpPlan, master: str | None = None) -> list[Server]:
     """The plan's servers with the master first, the others in plan order. master: host_ip or host name."""
     servers = list(plan.servers)
     if master is None:
@@ -69,12 +71,13 @@ def order_servers(plan: Plan, master: str | None = None) -> list[Server]:
 
 
 def rank_table(
-    plan: Plan, master: str | None = None, host_nic_ip: str | None = HOST_NIC_IP_RESERVED
+    plan: IpPlan, master: str | None = None, host_nic_ip: str | None = HOST_NIC_IP_RESERVED
 ) -> dict[str, Any]:
     """The version 1.0 rank table of a valid plan; RankTableError (with .violations) for an invalid one.
 
     master names the server whose devices take ranks 0..n-1 (default: the plan's first server).
-    host_nic_ip is written per server as hccl_tools.py does; None leaves the key out (seed 003's form).
+    host_nic_ip is written per server as hccl_tools.py does; None leaves the key out (the container training
+    manual's form).
     """
     blocking = errors(check_plan(plan))
     if blocking:
@@ -105,7 +108,7 @@ def job_devices(visible: str | Sequence[int] | None, nproc_per_node: int, planne
     ``visible`` is ASCEND_RT_VISIBLE_DEVICES (``"4,5,6,7"``) or a list; empty or None: every planned device.
     Local rank i uses the i-th visible device, so that is what the table lists for it (physical device ids, as
     hccl_tools.py's ``--visible_devices`` writes them). Atlas training servers keep 2 or 4 devices inside one
-    group of four (0-3 or 4-7; seed 002); that rule is checked by :func:`job_rank_table`.
+    group of four (0-3 or 4-7; the Ascend multi-node checklist); :func:`job_rank_table` checks that rule.
     """
     if visible is None or (isinstance(visible, str) and not visible.strip()):
         ids = list(range(planned))
@@ -134,7 +137,7 @@ def job_devices(visible: str | Sequence[int] | None, nproc_per_node: int, planne
 
 
 def job_rank_table(
-    plan: Plan,
+    plan: IpPlan,
     nodes: Sequence[str],
     nproc_per_node: int,
     visible: Mapping[str, str | Sequence[int] | None] | None = None,
