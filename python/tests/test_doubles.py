@@ -70,7 +70,7 @@ def test_runs_directly_with_default_config(tmp_path: Path) -> None:
 def test_ip_set_then_get_persists(machine: Machine) -> None:
     assert machine.ok(0, "-ip", "-g") == ""
     assert machine.ok(0, "-ip", "-s", "address", "192.168.100.101", "netmask", "255.255.255.0") == ""
-    # Seed 000: "ipaddr:192.168.100.101" / "netmask:255.255.255.0"
+    # The Ascend PyTorch DDP manual: "ipaddr:192.168.100.101" / "netmask:255.255.255.0"
     assert machine.ok(0, "-ip", "-g") == "ipaddr:192.168.100.101\nnetmask:255.255.255.0\n"
     assert machine.ok(1, "-ip", "-g") == ""
     state = json.loads((machine.state / "state.json").read_text())
@@ -202,7 +202,7 @@ def test_missing_driver(tmp_path: Path) -> None:
         ("-i", "0"),
         ("-i", "x", "-ip", "-g"),
         ("-i", "8", "-ip", "-g"),
-        ("-i", "0", "-ip", "\u2013g"),  # seed 000 writes "-ip \u2013g" (an en dash)
+        ("-i", "0", "-ip", "\u2013g"),  # the Ascend PyTorch DDP manual writes "-ip \u2013g" (an en dash)
         ("-i", "0", "-ip", "-s", "address", "10.0.0.1"),
         ("-i", "0", "-net_health", "-s", "address", "10.0.0.1"),
         ("-i", "0", "-optical", "-g"),

@@ -23,7 +23,7 @@ from ddp_cluster.ascend.ipplan import (
 
 DATA = Path(__file__).parent / "data"
 
-# Seed 000, "在AI Server0上配置device IP" / "在AI Server1上配置device IP".
+# The Ascend PyTorch DDP manual, "在AI Server0上配置device IP" / "在AI Server1上配置device IP".
 SEED000_SERVER0 = [
     "192.168.100.101",
     "192.168.101.101",
@@ -107,7 +107,8 @@ def test_a2_example_passes_with_seed002_layout() -> None:
 
 
 def test_seed002_example_taken_literally_clashes() -> None:
-    # Seed 002 shows 10.x.x.2 ... 10.x.x.9 on both servers; in one subnet those would be the same addresses.
+    # The Ascend multi-node checklist shows 10.x.x.2 ... 10.x.x.9 on both servers; in one subnet those would
+    # be the same addresses.
     data = a2("10.20.30.2", "10.20.30.2")
     assert found(data) == {("n1", d, "ip-unique") for d in range(8)}
 

@@ -31,14 +31,15 @@ def three_servers() -> dict[str, Any]:
 
 
 def test_seed004_table_reproduced_byte_for_byte() -> None:
-    # hccl_tools.py --device_num "[0,8)" -> hccl_8p_10234567_127.0.0.1.json, as printed in seed 004.
+    # hccl_tools.py --device_num "[0,8)" -> hccl_8p_10234567_127.0.0.1.json, as printed in the MindOCR
+    # distributed training manual.
     table = rank_table(load_plan(DATA / "seed004_one_server.yml"))
     assert dumps(table) == (DATA / "seed004_hccl_8p_10234567_127.0.0.1.json").read_text()
 
 
 def test_seed003_two_host_table_matches_its_template() -> None:
-    # Seed 003's hccl_json_16p_2_host.json: placeholders {device_N_ip} in rank order, {host_K_ip} per server,
-    # and no host_nic_ip key.
+    # The container training manual's hccl_json_16p_2_host.json: placeholders {device_N_ip} in rank order,
+    # {host_K_ip} per server, and no host_nic_ip key.
     plan = load_plan(DATA / "seed000_two_servers.yml")
     template = (DATA / "seed003_hccl_json_16p_2_host.json").read_text()
     device_ips = [ip for server in plan.servers for ip in server.device_ips]

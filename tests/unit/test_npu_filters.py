@@ -18,8 +18,9 @@ assert _spec is not None and _spec.loader is not None
 filters = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(filters)
 
-SERVER0 = [f"192.168.{100 + d % 4}.{101 - d // 4}" for d in range(8)]  # seed 000, AI Server0
-SERVER1 = [f"192.168.{100 + d % 4}.{111 - d // 4}" for d in range(8)]  # seed 000, AI Server1
+# AI Server0 and AI Server1 of the Ascend PyTorch DDP manual.
+SERVER0 = [f"192.168.{100 + d % 4}.{101 - d // 4}" for d in range(8)]
+SERVER1 = [f"192.168.{100 + d % 4}.{111 - d // 4}" for d in range(8)]
 HOSTVARS: dict[str, dict[str, Any]] = {
     "ai-server0": {"ansible_host": "10.10.0.10", "npu_device_ips": SERVER0},
     "ai-server1": {"ansible_host": "10.10.0.11", "npu_device_ip_seed": "192.168.100.111"},

@@ -10,7 +10,7 @@ import testinfra.utils.ansible_runner
 inventory = os.environ["MOLECULE_INVENTORY_FILE"]
 testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(inventory).get_hosts("all")
 
-# Seed 000's two servers.
+# The Ascend PyTorch DDP manual's two servers (AI Server0, AI Server1).
 PLAN = {
     "hccn0": [
         "192.168.100.101",
@@ -93,7 +93,7 @@ def test_every_device_was_read_before_the_first_set(host):
     assert read_before == set(range(8))
 
 
-def test_no_whole_cluster_rank_table_is_left(host, name):
-    """Each job writes its own table; the one an earlier version wrote (prepare.yml leaves it on hccn0) is
-    gone."""
+def test_no_whole_cluster_rank_table_is_written(host, name):
+    """Each job writes its own rank table: the role writes none into the node's settings directory, which
+    every job's containers see."""
     assert not host.file(f"/var/lib/ddp-cluster/{name}/etc/rank_table.json").exists
