@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""README.md's role variable tables, generated from each role's meta/argument_specs.yml.
+"""Each role's variable table, generated into its README from its meta/argument_specs.yml.
 
-    python scripts/var-tables.py            # rewrite the tables in README.md in place
+    python scripts/var-tables.py            # rewrite the tables in roles/*/README.md in place
     python scripts/var-tables.py --check    # exit 1 naming every role whose table differs from its specs
 
-A role's table lies between ``<!-- BEGIN GENERATED: vars ROLE -->`` and
-``<!-- END GENERATED: vars ROLE -->`` and lists the options of the role's ``main`` entry point (a role without
-one, such as ``cluster`` with its single entry point ``settings``, takes its only one): name, type, default
-and description. Every role with an argument_specs.yml needs such a block; the text around the blocks is the
+A role's table lies in its own README, roles/ROLE/README.md, between
+``<!-- BEGIN GENERATED: vars ROLE -->`` and ``<!-- END GENERATED: vars ROLE -->``, and lists the options of
+the role's ``main`` entry point (a role without one, such as ``cluster`` with its single entry point
+``settings``, takes its only one): name, type, default and description. Every role with an argument_specs.yml
+needs such a block in its README, and a README holds no other role's; the text around the block is the
 README's own.
 """
 
@@ -23,7 +24,6 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-README = "README.md"
 FIX_COMMAND = "python scripts/var-tables.py"
 BLOCK = re.compile(
     r"<!-- BEGIN GENERATED: vars (?P<role>[\w.-]+) -->\n(?P<body>.*?)<!-- END GENERATED: vars (?P=role) -->",
@@ -135,57 +135,83 @@ def expected_tables(root: Path) -> dict[str, str]:
     return {role: render_table(entry_point_options(role, spec)) for role, spec in load_specs(root).items()}
 
 
-def rewrite(text: str, tables: Mapping[str, str]) -> tuple[str, list[str]]:
-    """The README with every block's table replaced, and what could not be done (blocks missing, unknown)."""
+def readme_name(role: str) -> str:
+    """Where a role's table lives, relative to the repository."""
+    return f"roles/{role}/README.md"
+
+
+def missing(role: str) -> str:
+    return f"{readme_name(role)} is missing: every role has a README with its variable table"
+
+
+def rewrite(text: str, role: str, table: str) -> tuple[str, list[str]]:
+    """A role's README with its table replaced, and what could not be done (block missing, foreign)."""
+    name = readme_name(role)
     problems: list[str] = []
     seen: list[str] = []
 
     def replace(match: re.Match[str]) -> str:
-        role = match["role"]
-        seen.append(role)
-        if role not in tables:
-            problems.append(
-                f"{README} has a table for role {role}, which has no roles/{role}/meta/argument_specs.yml: "
-                "remove its block"
-            )
+        found = match["role"]
+        seen.append(found)
+        if found != role:
+            problems.append(f"{name} has a table for role {found}: a role's README holds its own table only")
             return match[0]
-        return f"<!-- BEGIN GENERATED: vars {role} -->\n{tables[role]}<!-- END GENERATED: vars {role} -->"
+        return f"<!-- BEGIN GENERATED: vars {role} -->\n{table}<!-- END GENERATED: vars {role} -->"
 
     new_text = BLOCK.sub(replace, text)
-    for role in sorted(tables):
-        count = seen.count(role)
-        if count == 0:
-            problems.append(
-                f"{README} has no table for role {role}: add the lines "
-                f"<!-- BEGIN GENERATED: vars {role} --> and <!-- END GENERATED: vars {role} --> "
-                f"where it belongs, then run {FIX_COMMAND}"
-            )
-        elif count > 1:
-            problems.append(f"{README} has {count} tables for role {role}: keep one")
+    count = seen.count(role)
+    if count == 0:
+        problems.append(
+            f"{name} has no table for role {role}: add the lines "
+            f"<!-- BEGIN GENERATED: vars {role} --> and <!-- END GENERATED: vars {role} --> "
+            f"where it belongs, then run {FIX_COMMAND}"
+        )
+    elif count > 1:
+        problems.append(f"{name} has {count} tables for role {role}: keep one")
     return new_text, problems
 
 
-def drift(text: str, tables: Mapping[str, str]) -> list[str]:
-    """One message per role whose README table is not the one its specs give."""
+def drift(text: str, role: str, table: str) -> list[str]:
+    """What is wrong with a role's README table: not the one its specs give, missing, doubled or foreign."""
+    messages = [
+        f"{readme_name(role)}: the variable table of role {role} differs from "
+        f"roles/{role}/meta/argument_specs.yml: run {FIX_COMMAND}"
+        for match in BLOCK.finditer(text)
+        if match["role"] == role and match["body"] != table
+    ]
+    return messages + rewrite(text, role, table)[1]
+
+
+def orphans(root: Path, tables: Mapping[str, str]) -> list[str]:
+    """Tables in the READMEs of roles that have no argument_specs.yml."""
     messages = []
-    for match in BLOCK.finditer(text):
-        role = match["role"]
-        if role in tables and match["body"] != tables[role]:
+    for path in sorted(root.glob("roles/*/README.md")):
+        role = path.parent.name
+        if role in tables:
+            continue
+        for match in BLOCK.finditer(path.read_text(encoding="utf-8")):
             messages.append(
-                f"{README}: the variable table of role {role} differs from "
-                f"roles/{role}/meta/argument_specs.yml: run {FIX_COMMAND}"
+                f"{readme_name(role)} has a table for role {match['role']}, but roles/{role} has no "
+                "meta/argument_specs.yml: remove its block"
             )
-    return messages + rewrite(text, tables)[1]
+    return messages
 
 
 def check(root: Path = REPO) -> list[str]:
-    """What is out of date in the README's variable tables; empty when nothing is."""
-    text = (root / README).read_text(encoding="utf-8")
-    return drift(text, expected_tables(root))
+    """What is out of date in the roles' README tables; empty when nothing is."""
+    tables = expected_tables(root)
+    messages = []
+    for role, table in tables.items():
+        path = root / readme_name(role)
+        if not path.is_file():
+            messages.append(missing(role))
+            continue
+        messages += drift(path.read_text(encoding="utf-8"), role, table)
+    return messages + orphans(root, tables)
 
 
 def main(argv: Sequence[str] | None = None, root: Path = REPO) -> int:
-    parser = argparse.ArgumentParser(description="README.md's role variable tables, from argument_specs.yml")
+    parser = argparse.ArgumentParser(description="role README variable tables, from argument_specs.yml")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 when a table is stale")
     args = parser.parse_args(argv)
     try:
@@ -193,17 +219,23 @@ def main(argv: Sequence[str] | None = None, root: Path = REPO) -> int:
     except (SpecError, yaml.YAMLError) as error:
         print(f"var-tables: {error}", file=sys.stderr)
         return 1
-    readme = root / README
-    text = readme.read_text(encoding="utf-8")
     if args.check:
-        messages = drift(text, tables)
+        messages = check(root)
         for message in messages:
             print(f"var-tables: {message}", file=sys.stderr)
         return 1 if messages else 0
-    new_text, problems = rewrite(text, tables)
-    if new_text != text:
-        readme.write_text(new_text, encoding="utf-8")
-        print(f"var-tables: {README} rewritten")
+    problems = orphans(root, tables)
+    for role, table in tables.items():
+        path = root / readme_name(role)
+        if not path.is_file():
+            problems.append(missing(role))
+            continue
+        text = path.read_text(encoding="utf-8")
+        new_text, role_problems = rewrite(text, role, table)
+        problems += role_problems
+        if new_text != text:
+            path.write_text(new_text, encoding="utf-8")
+            print(f"var-tables: {readme_name(role)} rewritten")
     for problem in problems:
         print(f"var-tables: {problem}", file=sys.stderr)
     return 1 if problems else 0

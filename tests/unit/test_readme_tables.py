@@ -1,4 +1,4 @@
-"""README.md's role variable tables against the roles' meta/argument_specs.yml (scripts/var-tables.py).
+"""Each role README's variable table against the role's meta/argument_specs.yml (scripts/var-tables.py).
 
 Container-free: reads files, runs no playbook and needs no Docker.
 """
@@ -45,17 +45,26 @@ DEMO_SPECS = {
 }
 
 
-def test_readme_tables_are_those_of_the_argument_specs() -> None:
+def test_role_readme_tables_are_those_of_the_argument_specs() -> None:
     problems = var_tables.check(REPO)
     assert problems == [], "\n".join(problems)
 
 
-def test_every_role_with_argument_specs_has_a_table() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+def test_every_role_with_argument_specs_has_a_table_in_its_own_readme() -> None:
     roles = sorted(path.parent.parent.name for path in REPO.glob("roles/*/meta/argument_specs.yml"))
     assert roles, "no roles/*/meta/argument_specs.yml found"
     for role in roles:
+        readme = (REPO / "roles" / role / "README.md").read_text(encoding="utf-8")
         assert f"<!-- BEGIN GENERATED: vars {role} -->" in readme, role
+
+
+def test_the_front_readme_and_the_docs_keep_no_role_table_and_the_reference_links_every_role() -> None:
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        assert "BEGIN GENERATED: vars" not in path.read_text(encoding="utf-8"), path.name
+    reference = (REPO / "docs" / "reference.md").read_text(encoding="utf-8")
+    for path in sorted(REPO.glob("roles/*/meta/argument_specs.yml")):
+        role = path.parent.parent.name
+        assert f"(../roles/{role}/README.md" in reference, role
 
 
 def test_a_changed_spec_gives_another_table_and_the_check_names_the_role() -> None:
@@ -63,13 +72,13 @@ def test_a_changed_spec_gives_another_table_and_the_check_names_the_role() -> No
     original = var_tables.render_table(var_tables.entry_point_options("ssh_mesh", specs))
     changed = copy.deepcopy(specs)
     changed["argument_specs"]["main"]["options"]["ssh_mesh_key_type"]["default"] = "rsa"
-    assert var_tables.render_table(var_tables.entry_point_options("ssh_mesh", changed)) != original
+    table = var_tables.render_table(var_tables.entry_point_options("ssh_mesh", changed))
+    assert table != original
 
-    tables = var_tables.expected_tables(REPO)
-    tables["ssh_mesh"] = var_tables.render_table(var_tables.entry_point_options("ssh_mesh", changed))
-    messages = var_tables.drift((REPO / "README.md").read_text(encoding="utf-8"), tables)
+    readme = (REPO / "roles/ssh_mesh/README.md").read_text(encoding="utf-8")
+    messages = var_tables.drift(readme, "ssh_mesh", table)
     assert len(messages) == 1
-    assert "role ssh_mesh" in messages[0]
+    assert "roles/ssh_mesh/README.md" in messages[0] and "role ssh_mesh" in messages[0]
     assert "python scripts/var-tables.py" in messages[0]
 
 
@@ -115,32 +124,46 @@ def test_a_role_without_main_takes_its_only_entry_point() -> None:
         var_tables.entry_point_options("a", two)
 
 
+def write_readme(root: Path, role: str, text: str) -> Path:
+    readme = root / "roles" / role / "README.md"
+    readme.parent.mkdir(parents=True, exist_ok=True)
+    readme.write_text(text, encoding="utf-8")
+    return readme
+
+
 def test_check_fails_on_a_stale_table_and_the_rewrite_fixes_it(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     write_role(tmp_path, "demo", DEMO_SPECS)
-    readme = tmp_path / "README.md"
-    readme.write_text("# Title\n\n" + block("demo", "| stale |\n") + "\nAfter.\n", encoding="utf-8")
+    readme = write_readme(tmp_path, "demo", "# demo\n\n" + block("demo", "| stale |\n") + "\nAfter.\n")
 
     assert var_tables.main(["--check"], root=tmp_path) == 1
     error = capsys.readouterr().err
-    assert "role demo" in error and "python scripts/var-tables.py" in error
+    assert "roles/demo/README.md" in error and "python scripts/var-tables.py" in error
 
     assert var_tables.main([], root=tmp_path) == 0
     text = readme.read_text(encoding="utf-8")
-    assert text.startswith("# Title\n\n<!-- BEGIN GENERATED: vars demo -->\n| variable |")
+    assert text.startswith("# demo\n\n<!-- BEGIN GENERATED: vars demo -->\n| variable |")
     assert "| `demo_port` | int | `8080` | Port. |\n<!-- END GENERATED: vars demo -->\n\nAfter.\n" in text
     assert var_tables.main(["--check"], root=tmp_path) == 0
 
 
-def test_check_names_a_missing_and_an_unknown_table(
+def test_check_names_a_missing_a_foreign_and_an_orphan_table(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     write_role(tmp_path, "demo", DEMO_SPECS)
-    (tmp_path / "README.md").write_text(block("gone", ""), encoding="utf-8")
+    write_readme(tmp_path, "demo", block("other", ""))
+    write_readme(tmp_path, "bare", block("bare", ""))
     assert var_tables.main(["--check"], root=tmp_path) == 1
     error = capsys.readouterr().err
-    assert "no table for role demo" in error
-    assert "table for role gone, which has no roles/gone/meta/argument_specs.yml" in error
+    assert "roles/demo/README.md has no table for role demo" in error
+    assert "roles/demo/README.md has a table for role other" in error
+    assert "roles/bare has no meta/argument_specs.yml" in error
+
+
+def test_a_role_without_a_readme_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_role(tmp_path, "demo", DEMO_SPECS)
+    assert var_tables.main(["--check"], root=tmp_path) == 1
+    assert "roles/demo/README.md is missing" in capsys.readouterr().err
