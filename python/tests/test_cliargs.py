@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ddp_cluster.runtime.cliargs import add_dataclass_arguments, dataclass_from_args, option
 
@@ -75,6 +77,18 @@ def test_train_options_have_the_config_defaults(tmp_path: Path, monkeypatch: pyt
     assert parse_args(["--output-dir", str(tmp_path)]) == TrainConfig(output_dir=tmp_path)
     monkeypatch.setenv("DDP_DEVICE", "cpu")
     assert parse_args(["--output-dir", str(tmp_path)]).device == "cpu"
+
+
+def test_the_jobs_default_arguments_are_options_of_the_entrypoint(tmp_path: Path) -> None:
+    """ddp_job_default_args (train.yml without a script) names the entrypoint's options; each is a value the
+    config accepts, so a job of the defaults trains what its plan line says."""
+    pytest.importorskip("torch")
+    from ddp_cluster.runtime.config import parse_args
+
+    specs = Path(__file__).resolve().parents[2] / "roles" / "ddp_job" / "meta" / "argument_specs.yml"
+    options = yaml.safe_load(specs.read_text())["argument_specs"]["main"]["options"]
+    given = shlex.split(options["ddp_job_default_args"]["default"])
+    parse_args([*given, "--output-dir", str(tmp_path), "--device", "cpu"])  # exits on an unknown option
 
 
 def test_a_field_of_a_generic_type_needs_excluding() -> None:

@@ -3,8 +3,7 @@
 Runs as one process per device under torchrun, mpirun (OpenMPI) or srun (Slurm), or alone. ``--batch-size``
 is per process: the global batch is ``batch_size * world_size``. Writes ``DIR/metrics.jsonl``,
 ``DIR/summary.json`` and ``DIR/checkpoints/`` (rank 0 only); see :mod:`ddp_cluster.runtime.metrics` for what
-each rank
-prints.
+each rank prints.
 
 Checkpoints: rank 0 writes ``checkpoints/epoch-NNNNN.ckpt`` at the end of each epoch (N epochs completed) and,
 with ``--checkpoint-every STEPS``, ``checkpoints/epoch-NNNNN.step-SSSSSSSSS.ckpt`` every STEPS optimizer steps
@@ -23,15 +22,13 @@ directory that already holds checkpoints.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import random
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 try:
@@ -47,120 +44,24 @@ except ImportError as missing:  # the controller installs the package without to
         f"ddp_cluster.runtime.train needs torch and numpy ({missing}): pip install 'ddp-cluster[train]'"
     ) from missing
 
-from ddp_cluster.errors import CheckpointError, DdpClusterError, DeviceError
+from ddp_cluster.errors import CheckpointError, DdpClusterError
 from ddp_cluster.runtime import checkpoint as ckpt
-from ddp_cluster.runtime.cliargs import add_dataclass_arguments, dataclass_from_args, option
-from ddp_cluster.runtime.data import DATASETS, Data, load_dataset
-from ddp_cluster.runtime.device import (
-    BACKEND_CHOICES,
-    DEVICE_CHOICES,
-    Placement,
-    announce_binding,
-    requested_device,
-    select_placement,
-    where,
-)
+from ddp_cluster.runtime import config as run_config
+from ddp_cluster.runtime.config import TrainConfig
+from ddp_cluster.runtime.data import Data, load_dataset
+from ddp_cluster.runtime.device import Placement, announce_binding, select_placement, where
 from ddp_cluster.runtime.distenv import DistEnv, resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
 from ddp_cluster.runtime.group import process_group
 from ddp_cluster.runtime.metrics import Reporter
 from ddp_cluster.runtime.models import build_model
+from ddp_cluster.runtime.resume import EpochProgress, Resumed, agree_on_start, relative, restore
+
+# The run's settings and their command line are ddp_cluster.runtime.config's, where a run starts is
+# ddp_cluster.runtime.resume's; the loop is this module's.
+__all__ = ["TrainConfig", "main", "parse_args", "train"]
 
 EVAL_BATCH_SIZE = 1024
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """The run's settings; each field is the command line option of its name (``--batch-size``), in this
-    order (:func:`parse_args`)."""
-
-    dataset: str = field(default="digits", metadata=option(choices=DATASETS))
-    epochs: int = field(
-        default=10, metadata=option("train until this many epochs are done (default %(default)s)")
-    )
-    batch_size: int = field(default=32, metadata=option("per process (default %(default)s)"))
-    lr: float = field(default=0.05, metadata=option("SGD learning rate (default %(default)s)"))
-    momentum: float = field(default=0.9, metadata=option("SGD momentum (default %(default)s)"))
-    output_dir: Path = field(metadata=option("metrics.jsonl, summary.json, checkpoints/"))
-    resume: bool = field(default=False, metadata=option("continue from the newest checkpoint in OUTPUT_DIR"))
-    seed: int = field(
-        default=0, metadata=option("model init, data order and synthetic data (default %(default)s)")
-    )
-    backend: str = field(default="auto", metadata=option(choices=BACKEND_CHOICES))
-    device: str = field(
-        default="auto",
-        metadata=option(
-            "default: DDP_DEVICE (train.yml sets the cluster's accelerator), else auto",
-            choices=DEVICE_CHOICES,
-        ),
-    )
-    data_dir: Path = field(
-        default=Path("data"), metadata=option("mnist/cifar10 files (default ./%(default)s)")
-    )
-    checkpoint_keep: int = field(
-        default=3, metadata=option("keep the newest K checkpoints (default %(default)s)")
-    )
-    checkpoint_every: int = field(
-        default=0,
-        metadata=option(
-            "also checkpoint every STEPS optimizer steps within an epoch; 0: only at epoch ends "
-            "(default %(default)s)",
-            metavar="STEPS",
-        ),
-    )
-    synthetic_samples: int = field(default=4096, metadata=option("training samples of 'synthetic'"))
-    synthetic_features: int = field(default=32, metadata=option("input size of 'synthetic'"))
-    log_every: int = field(default=10, metadata=option("log the loss every N steps; 0: epochs only"))
-    num_workers: int = field(default=0, metadata=option("DataLoader worker processes (default %(default)s)"))
-    dist_timeout: float = field(default=1800.0, metadata=option("collective timeout in seconds"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.output_dir / "checkpoints"
-
-
-@dataclass(frozen=True)
-class EpochProgress:
-    """How far the epoch under way got, as a mid-epoch checkpoint records it: the batches done, and the loss
-    sums over all ranks of those batches ([loss x samples, samples]), of the whole epoch so far and of the
-    steps since the last step log, so that a run resumed from it logs what an uninterrupted run logs."""
-
-    batch: int = 0
-    loss_sum: float = 0.0
-    samples: float = 0.0
-    log_loss_sum: float = 0.0
-    log_samples: float = 0.0
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        sums = {"loss_sum": self.loss_sum, "samples": self.samples}
-        return {
-            "batch": self.batch,
-            "epoch_sums": sums | {"log_loss_sum": self.log_loss_sum, "log_samples": self.log_samples},
-        }
-
-    @classmethod
-    def from_checkpoint(cls, saved: dict[str, Any], batch: int) -> EpochProgress:
-        sums = saved.get("epoch_sums") or {}
-        return cls(
-            batch, *(float(sums.get(k, 0.0)) for k in ("loss_sum", "samples", "log_loss_sum", "log_samples"))
-        )
-
-
-@dataclass
-class Resumed:
-    """Where a run starts: from scratch (all defaults) or from a checkpoint."""
-
-    path: Path | None = None
-    epoch: int = 0
-    step: int = 0
-    last_epoch_record: dict[str, Any] = field(default_factory=dict)
-    # From a mid-epoch checkpoint: how far epoch ``epoch + 1`` got (``batch``: the batches to skip in this
-    # run's layout), and the RNG states to go on with once the epoch's iterator is made.
-    progress: EpochProgress | None = None
-    rng: dict[str, Any] | None = None
 
 
 @dataclass
@@ -172,32 +73,8 @@ class TrainState:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    p = argparse.ArgumentParser(
-        prog="python -m ddp_cluster.train",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    # --device unset reads DDP_DEVICE, so its option has no default of its own.
-    add_dataclass_arguments(p, TrainConfig, defaults={"device": None})
-    args = p.parse_args(argv)
-    minimums = [
-        ("epochs", 1),
-        ("batch_size", 1),
-        ("checkpoint_keep", 1),
-        ("checkpoint_every", 0),
-        ("log_every", 0),
-    ]
-    for name, minimum in minimums:
-        if getattr(args, name) < minimum:
-            p.error(f"--{name.replace('_', '-')} must be at least {minimum}, not {getattr(args, name)}")
-    if args.lr <= 0 or args.num_workers < 0 or args.dist_timeout <= 0:
-        p.error("--lr and --dist-timeout must be positive, --num-workers not negative")
-    if args.device is None:
-        try:
-            args.device = requested_device()
-        except DeviceError as error:
-            p.error(str(error))
-    return dataclass_from_args(TrainConfig, args)
+    """The run's settings from the command line; ``--help`` begins with this module's documentation."""
+    return run_config.parse_args(argv, description=__doc__)
 
 
 def seed_everything(seed: int) -> None:
@@ -407,89 +284,6 @@ def params_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def agree_on_start(config: TrainConfig, env: DistEnv) -> tuple[Path, bytes] | None:
-    """Rank 0 decides how the run starts and tells every rank, so that all fail or go on together.
-
-    Returns the checkpoint to resume from and its verified bytes, or None to start from scratch. Only rank 0
-    reads the checkpoints folder: the other nodes need no shared filesystem.
-    """
-    decision: tuple[str, Any, Any] = ("fresh", None, None)
-    if env.is_main:
-        try:
-            decision = _decide_start(config)
-        except CheckpointError as error:
-            decision = ("error", str(error), None)
-    box: list[Any] = [decision]
-    dist.broadcast_object_list(box, src=0)
-    action, detail, payload = box[0]
-    if action == "error":
-        raise CheckpointError(detail)
-    return (Path(detail), payload) if action == "resume" else None
-
-
-def _decide_start(config: TrainConfig) -> tuple[str, Any, Any]:
-    existing = ckpt.list_checkpoints(config.checkpoint_dir)
-    if not config.resume:
-        if existing:
-            raise CheckpointError(
-                f"{config.checkpoint_dir} already holds {len(existing)} checkpoint(s) of an earlier run: "
-                "pass --resume to continue it, or use another --output-dir (or delete them) to start over"
-            )
-        return "fresh", None, None
-    if not existing:
-        return "fresh", None, None
-    path = existing[-1][1]
-    try:
-        payload = ckpt.read_verified(path)
-    except CheckpointError as error:
-        older = f" to resume from {existing[-2][1].name}" if len(existing) > 1 else ""
-        raise CheckpointError(f"{error}; delete it{older}, or start over in another --output-dir") from None
-    return "resume", str(path), payload
-
-
-def restore(
-    raw_model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    path: Path,
-    payload: bytes,
-    config: TrainConfig,
-    reporter: Reporter,
-) -> Resumed:
-    """Load a verified checkpoint into the unwrapped model and the optimizer, before the DDP wrap."""
-    saved = ckpt.decode(payload, path)  # onto the cpu; load_state_dict copies onto the model's device
-    saved_dataset = saved.get("config", {}).get("dataset")
-    if saved_dataset != config.dataset:
-        raise CheckpointError(
-            f"checkpoint {path} was written by a run on dataset {saved_dataset!r}, this run asks for "
-            f"{config.dataset!r}: use the same --dataset, or another --output-dir"
-        )
-    try:
-        raw_model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as error:
-        raise CheckpointError(f"checkpoint {path} does not fit this model: {error}") from error
-    for group in optimizer.param_groups:
-        group["lr"] = config.lr  # the command line wins over the checkpoint
-    ckpt.restore_rng_state(saved["rng"])
-    saved_layout = (saved.get("world_size"), saved.get("config", {}).get("batch_size"))
-    layout = (dist.get_world_size(), config.batch_size)
-    if saved_layout != layout:
-        reporter.main_line(
-            f"note: checkpoint {path.name} was written with world size {saved_layout[0]} and batch size "
-            f"{saved_layout[1]}, this run has {layout[0]} and {layout[1]}: it goes on, "
-            "but its data order and steps differ from those of an uninterrupted run"
-        )
-    resumed = Resumed(path, int(saved["epoch"]), int(saved["step"]), dict(saved.get("metrics", {})))
-    batch = int(saved.get("batch") or 0)  # batches done of epoch ``epoch + 1``: 0 at an epoch's end
-    if batch > 0:
-        # The samples already trained, counted in batches of this run's layout (rounded down).
-        saved_world, saved_batch_size = int(saved_layout[0] or layout[0]), int(saved_layout[1] or layout[1])
-        skip = batch * saved_world * saved_batch_size // (layout[0] * layout[1])
-        resumed.progress = EpochProgress.from_checkpoint(saved, skip)
-        resumed.rng = saved["rng"]
-    return resumed
-
-
 def prepare(
     config: TrainConfig, env: DistEnv, placement: Placement, data: Data, reporter: Reporter
 ) -> tuple[TrainState, Resumed]:
@@ -505,7 +299,7 @@ def prepare(
             # Every rank restored the same checkpoint, so every rank stops here together.
             raise CheckpointError(
                 f"--epochs {config.epochs} is not above the checkpoint's epoch {resumed.epoch} "
-                f"({_relative(resumed.path, config.output_dir)}): --epochs is the total to reach, so nothing "
+                f"({relative(resumed.path, config.output_dir)}): --epochs is the total to reach, so nothing "
                 f"would train; ask for --epochs {resumed.epoch + 1} or more to continue"
             )
         reporter.line(f"resuming from {resumed.path} (epoch {resumed.epoch}, step {resumed.step})")
@@ -611,8 +405,8 @@ def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -
             "device": placement.kind,
             "backend": placement.backend,
             "launcher": env.launcher,
-            "checkpoint": _relative(checkpoint, config.output_dir),
-            "resumed_from": _relative(resumed.path, config.output_dir),
+            "checkpoint": relative(checkpoint, config.output_dir),
+            "resumed_from": relative(resumed.path, config.output_dir),
             "params_sha256": digest,
         }
         reporter.write_summary(summary)
@@ -634,16 +428,6 @@ def _snapshot(state: TrainState, config: TrainConfig, env: DistEnv, record: dict
         "metrics": record,  # the last completed epoch's record
         "batch": 0,
     }
-
-
-def _relative(path: Path | None, root: Path) -> str | None:
-    """Paths in summary.json are relative to the output folder, which the launcher copies elsewhere."""
-    if path is None:
-        return None
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
