@@ -8,6 +8,7 @@ DOCUMENTATION = r"""
 module: ddp_mesh_files
 short_description: Write several small files in one call, each only when its content or mode differs
 description:
+  - The logic is ddp_cluster.server.mesh (shipped as module_utils), unit-tested with the package.
   - One module run per node instead of one per file (each of which is a C(docker exec) on the mesh play's
     docker connection). Each file is written to a temporary file beside it, validated when asked, and renamed
     over the old one, so a reader never sees half a file. Parent directories are made (mode 0700) when
@@ -35,44 +36,14 @@ changed_paths:
   returned: always
 """
 
-import os  # noqa: E402  (Ansible modules put DOCUMENTATION first)
-import shlex  # noqa: E402
-import stat  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402  (Ansible modules put DOCUMENTATION first)
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-
-def current(path: str) -> tuple[str | None, int | None]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            content = handle.read()
-        return content, stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return None, None
-
-
-def write(spec: dict[str, Any], mode: int) -> None:
-    path = spec["path"]
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".ddp-mesh-")
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(spec["content"])
-        os.chmod(temporary, mode)
-        if spec.get("validate"):
-            command = [word.replace("%s", temporary) for word in shlex.split(spec["validate"])]
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise ValueError(f"{path}: the new content fails `{spec['validate']}`: {done.stderr.strip()}")
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+if TYPE_CHECKING:  # the same file: module_utils/ddp_mesh.py links to the package's module
+    from ddp_cluster.server.mesh import write_files
+else:
+    from ansible.module_utils.ddp_mesh import write_files
 
 
 def main() -> None:
@@ -83,25 +54,12 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    changed_paths, before, after = [], [], []
-    specs = [{**spec, "secret": True} for spec in module.params["secret_files"]] + module.params["files"]
-    for spec in specs:
-        path, mode = spec["path"], int(str(spec["mode"]), 8)
-        content, old_mode = current(path)
-        if content == spec["content"] and old_mode == mode:
-            continue
-        changed_paths.append(path)
-        secret = bool(spec.get("secret"))
-        before.append(f"# {path} (mode {oct(old_mode) if old_mode is not None else 'absent'})\n"
-                      + ("(secret)\n" if secret and content is not None else content or ""))  # fmt: skip
-        after.append(f"# {path} (mode {oct(mode)})\n" + ("(secret)\n" if secret else spec["content"]))
-        if not module.check_mode:
-            try:
-                write(spec, mode)
-            except (OSError, ValueError) as error:
-                module.fail_json(msg=str(error), changed_paths=changed_paths[:-1])
-    diff = {"before": "".join(before), "after": "".join(after)} if changed_paths else {}
-    module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths, diff=diff)
+    changed, diff, failure = write_files(
+        module.params["files"], module.params["secret_files"], module.check_mode
+    )
+    if failure:
+        module.fail_json(msg=failure, changed_paths=changed)
+    module.exit_json(changed=bool(changed), changed_paths=changed, diff=diff)
 
 
 if __name__ == "__main__":
