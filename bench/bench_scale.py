@@ -319,14 +319,14 @@ def report(figures: Figures) -> str:
     return "\n".join(lines)
 
 
-MODEL_SIZES = (128, 1152)  # docs/SCALE.md's two cluster sizes
+MODEL_SIZES = (128, 1152)  # docs/scale.md's two cluster sizes
 
 
 def model(figures: Figures) -> str:
     """Each stage's time at MODEL_SIZES servers, extrapolated along its fitted line: from the sim's servers
     where measured, else from the local nodes. Every server here shares this machine's 2 cores with the
     controller, so the per-node figure holds the servers' own work too: on a cluster (the servers' work in
-    parallel on their own CPUs) it is an upper bound of the controller's share, which docs/SCALE.md models
+    parallel on their own CPUs) it is an upper bound of the controller's share, which docs/scale.md models
     stage by stage."""
     rows = []
     for stage, (label, unit) in STAGES.items():
@@ -402,7 +402,7 @@ def main() -> None:
         if args.json:
             save(figures, args.json)
     print(report(figures))
-    print(f"\nExtrapolated along each fit to {' and '.join(map(str, MODEL_SIZES))} servers (docs/SCALE.md):")
+    print(f"\nExtrapolated along each fit to {' and '.join(map(str, MODEL_SIZES))} servers (docs/scale.md):")
     print(model(figures))
     plot(figures, args.png)
     print(f"\nplot: {args.png}")
