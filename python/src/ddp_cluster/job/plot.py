@@ -91,13 +91,13 @@ def plot_metrics(records: list[dict[str, Any]], out: Path, title: str) -> None:
     pyplot.close(figure)
 
 
-def cli(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ddp-cluster plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("run", type=Path, help="a run directory holding metrics.jsonl, or the file itself")
     parser.add_argument("-o", "--output", type=Path, help="the PNG to write (default: RUN/loss.png)")
-    args = parser.parse_args(list(argv))
+    args = parser.parse_args(argv)
     metrics = args.run / METRICS_FILE if args.run.is_dir() else args.run
     out = args.output or metrics.parent / "loss.png"
     try:
@@ -117,4 +117,4 @@ def cli(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli(sys.argv[1:]))
+    raise SystemExit(main())

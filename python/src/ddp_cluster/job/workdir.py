@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
 
 ALWAYS_SKIPPED_DIRS = frozenset({".git", "__pycache__", ".hg", ".svn"})
@@ -33,7 +34,7 @@ ALWAYS_SKIPPED_SUFFIXES = (".pyc", ".pyo")
 DEFAULT_MAX_MB = 64
 
 
-class WorkdirError(ValueError):
+class WorkdirError(DdpClusterError, ValueError):
     """A project that cannot be shipped, with what to do about it."""
 
 
@@ -174,7 +175,7 @@ def pack(root: Path, script: str, output: Path, max_bytes: int) -> dict[str, obj
     return {"files": len(files), "bytes": total, "script": entry}
 
 
-def cli(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ddp-cluster workdir", description="Pack a project directory for every node of a job."
     )
