@@ -3,9 +3,8 @@
 Ansible receives SIGINT in the playbook's own process (its workers run in sessions of their own) and, by
 default, kills the workers and leaves: the job would go on with no word. While a ``ddp_job_wait`` task runs,
 this callback's handler takes the first SIGINT instead: it leaves the file the wait looks for
-(:func:`ddp_cluster.supervisor.jobs.interrupt_file`), and the wait asks the supervisor to stop every rank on
-every node,
-waits for its last word, and the play goes on to collect what there is and report it (train.yml then exits
+(:func:`ddp_cluster.job.control.interrupt_file`), and the wait stops the job on every node, waits for its
+supervisor's last word, and the play goes on to collect what there is and report it (train.yml then exits
 non-zero). A second SIGINT is Ansible's own: it leaves at once. Enabled in ansible.cfg (callbacks_enabled).
 """
 
@@ -22,7 +21,7 @@ from ansible.plugins.callback import CallbackBase
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster.supervisor.jobs import interrupt_file
+from ddp_cluster.job.control import interrupt_file
 
 WAITING_ACTIONS = ("ddp_job_wait",)
 

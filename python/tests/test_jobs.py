@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,14 +39,6 @@ def fake_processes(monkeypatch: pytest.MonkeyPatch, found: dict[int, str]) -> li
 
     monkeypatch.setattr(jobs, "processes", processes)
     return asked
-
-
-# --- interrupt_file ---
-
-
-def test_the_interrupt_file_is_named_after_the_playbooks_pid_in_the_temporary_folder() -> None:
-    assert jobs.interrupt_file(1234) == Path(tempfile.gettempdir(), "ddp-cluster-interrupt.1234")
-    assert jobs.interrupt_file(1234) != jobs.interrupt_file(1235)
 
 
 # --- running(): which jobs run here, and whose supervisor ---
@@ -217,7 +208,7 @@ def test_a_running_status_whose_supervisor_is_gone_is_closed_as_failed(
     )
     fake_processes(monkeypatch, {})
     done = jobs.stop_here(str(root), "J1", "stopped with jobs.yml -e stop=J1")
-    assert done == {"job": "J1", "supervisor": False, "killed": 0, "closed": True}
+    assert done == {"job": "J1", "supervisor": False, "left": False, "closed": True}
     closed = job_status.read(root / "J1" / job_status.FILE)
     assert closed is not None and closed.state == "failed" and closed.done
     assert closed.reason == "stopped with jobs.yml -e stop=J1 (its supervisor was no longer running)"
@@ -239,7 +230,7 @@ def test_a_finished_or_missing_status_is_left_as_it_is(
     assert jobs.stop_here(str(root), "J2", "R") == {
         "job": "J2",
         "supervisor": False,
-        "killed": 0,
+        "left": False,
         "closed": False,
     }
     assert not (root / "J2" / job_status.FILE).exists()
@@ -273,7 +264,7 @@ def test_a_supervisor_here_is_asked_to_stop_with_the_reason(
         done = jobs.stop_here(str(root), "J1", "Ctrl-C in train.yml")
         reaper.join(10)
         assert child.returncode == 7  # it got SIGUSR1, after the reason was written
-        assert done["supervisor"] is True and done["killed"] == 0
+        assert done["supervisor"] is True and done["left"] is False
         # the stand-in wrote no status: the one left running is closed
         assert done["closed"] is True
     finally:

@@ -13,14 +13,9 @@ from typing import Any
 import pytest
 
 from ddp_cluster.job.spec import JobSpec
+from ddp_cluster.supervisor.failures import launcher_failure
 from ddp_cluster.supervisor.liveness import probe_verdict
-from ddp_cluster.supervisor.loop import (
-    STATUS_FILE,
-    StatusFile,
-    Supervisor,
-    launcher_failure,
-    parse_args,
-)
+from ddp_cluster.supervisor.loop import STATUS_FILE, StatusFile, Supervisor, parse_args
 
 
 @pytest.mark.parametrize(

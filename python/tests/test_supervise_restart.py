@@ -22,16 +22,10 @@ from ddp_cluster.job import spec as jobspec
 from ddp_cluster.job.plan import Inventory, PlanError
 from ddp_cluster.job.spec import JobSpec, JobSpecError
 from ddp_cluster.job.status import Status
-from ddp_cluster.supervisor.loop import (
-    ATTEMPTS,
-    BUNDLE,
-    LAUNCHER_LOG,
-    STATUS_FILE,
-    Failure,
-    Supervisor,
-    launcher_failure,
-    newest_checkpoint,
-)
+from ddp_cluster.supervisor import recovery
+from ddp_cluster.supervisor.failures import Failure, launcher_failure
+from ddp_cluster.supervisor.loop import STATUS_FILE, Supervisor
+from ddp_cluster.supervisor.recovery import ATTEMPTS, BUNDLE, LAUNCHER_LOG, newest_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data" / "supervise"
@@ -124,10 +118,10 @@ class Cluster:
         self.tails: dict[str, str] = {}  # node -> what a rank's log there ends with
         self.commands: list[tuple[str, str]] = []
         self.given: list[tuple[list[str], bytes]] = []
-        self.real_on_node = supervisor.on_node
-        monkeypatch.setattr(supervisor, "probe", self.probe)
-        monkeypatch.setattr(supervisor, "on_node", self.on_node)
-        monkeypatch.setattr(supervisor, "distribute", self.distribute)
+        self.real_run = supervisor.mesh.run
+        monkeypatch.setattr(supervisor.mesh, "probe", self.probe)
+        monkeypatch.setattr(supervisor.mesh, "run", self.on_node)
+        monkeypatch.setattr(supervisor.mesh, "give", self.distribute)
 
     def probe(self, node: str) -> str:
         return "down" if node in self.down else "up"
@@ -138,15 +132,15 @@ class Cluster:
             return ""
         if command.startswith("pgrep -a"):
             return self.leftover.get(node, "")
-        if "echo busy || echo free" in command:
-            return "busy\n" if node in self.busy else "free\n"
+        if "ddp_cluster.supervisor.jobs --jobs-dir" in command:  # which jobs run there
+            return json.dumps({"busy": ["j0"] if node in self.busy else []}) + "\n"
         if command.startswith("tail -n") and node in self.tails:
             return self.tails[node]
         if node == self.supervisor.me:
-            return self.real_on_node(node, command)
+            return self.real_run(node, command)
         return ""
 
-    def distribute(self, pool: ThreadPoolExecutor, nodes: Any, data: bytes) -> Failure | None:
+    def distribute(self, nodes: Any, data: bytes, where: Path, pool: ThreadPoolExecutor) -> Failure | None:
         self.given.append((list(nodes), data))
         return None
 
@@ -167,7 +161,7 @@ def faked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **changes: Any) -> tu
     fields: dict[str, Any] = {"nodes": ["n0", "n1"], "job_dir": str(job_dir), "max_restarts": 1}
     job = spec(**(fields | changes))
     supervisor = Supervisor(spec=job, job_dir=job_dir, launcher=job.launch_argv())
-    supervisor.me = "n0"
+    supervisor.mesh.me = "n0"
     # as run() starts the first attempt
     supervisor.status.write(state="running", nodes=supervisor.nodes, ran_on=supervisor.nodes, max_restarts=1)
     return supervisor, Cluster(supervisor, monkeypatch)
@@ -184,26 +178,26 @@ def lost(node: str) -> Failure:
 
 def test_a_lost_node_or_a_signal_can_be_cured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
-    assert supervisor.restart_cause(lost("n1")) == "node n1 stopped answering"
+    assert recovery.restart_cause(supervisor, lost("n1")) == "node n1 stopped answering"
     two = Failure("x", lost=("n1", "n2"))
-    assert supervisor.restart_cause(two) == "node n1, n2 stopped answering"
+    assert recovery.restart_cause(supervisor, two) == "node n1, n2 stopped answering"
     killed = Failure("a rank was killed by a signal", node="n1", rank=1, signal=9)
-    assert supervisor.restart_cause(killed) == "rank 1 on n1 was killed by SIGKILL"
+    assert recovery.restart_cause(supervisor, killed) == "rank 1 on n1 was killed by SIGKILL"
     agent = Failure("x", node="n1", signal=15)
-    assert supervisor.restart_cause(agent) == "n1 was killed by SIGTERM"
-    assert supervisor.restart_cause(Failure("x", signal=9)) == "a rank was killed by SIGKILL"
+    assert recovery.restart_cause(supervisor, agent) == "n1 was killed by SIGTERM"
+    assert recovery.restart_cause(supervisor, Failure("x", signal=9)) == "a rank was killed by SIGKILL"
 
 
 def test_mpiruns_signal_line_is_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
     failure = launcher_failure((DATA / "mpirun-signal.log").read_text(), supervisor.spec, 1)
-    assert supervisor.restart_cause(failure) == "rank 1 on node1 was killed by SIGKILL"
+    assert recovery.restart_cause(supervisor, failure) == "rank 1 on node1 was killed by SIGKILL"
 
 
 def test_a_stop_or_the_time_bound_is_never_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
-    assert supervisor.restart_cause(Failure("stopped", lost=("n1",), restartable=False)) is None
-    assert supervisor.restart_cause(Failure("x", signal=9, restartable=False)) is None
+    assert recovery.restart_cause(supervisor, Failure("stopped", lost=("n1",), restartable=False)) is None
+    assert recovery.restart_cause(supervisor, Failure("x", signal=9, restartable=False)) is None
 
 
 def test_a_gloo_peer_lost_in_the_launchers_log_is_a_cause(
@@ -211,7 +205,10 @@ def test_a_gloo_peer_lost_in_the_launchers_log_is_a_cause(
 ) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
     (supervisor.job_dir / LAUNCHER_LOG).write_text(f"starting\n{GLOO_LINE}\n")
-    assert supervisor.restart_cause(Failure("the launcher exited with status 1", exit_code=1)) == GLOO_CAUSE
+    assert (
+        recovery.restart_cause(supervisor, Failure("the launcher exited with status 1", exit_code=1))
+        == GLOO_CAUSE
+    )
 
 
 def test_a_gloo_peer_lost_in_a_ranks_log_is_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,7 +217,7 @@ def test_a_gloo_peer_lost_in_a_ranks_log_is_a_cause(tmp_path: Path, monkeypatch:
     log.parent.mkdir(parents=True)
     log.write_text(f"epoch 1\n{GLOO_LINE}\n")
     failure = Failure("a rank exited with an error", node="n0", rank=0, exit_code=1)
-    assert supervisor.restart_cause(failure) == GLOO_CAUSE
+    assert recovery.restart_cause(supervisor, failure) == GLOO_CAUSE
 
 
 def test_the_store_timing_out_is_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,7 +225,7 @@ def test_the_store_timing_out_is_a_cause(tmp_path: Path, monkeypatch: pytest.Mon
     (supervisor.job_dir / LAUNCHER_LOG).write_text(
         (REPO / "python/tests/data/doctor/store-timeout.log").read_text()
     )
-    cause = supervisor.restart_cause(Failure("the launcher exited with status 1", exit_code=1))
+    cause = recovery.restart_cause(supervisor, Failure("the launcher exited with status 1", exit_code=1))
     assert cause is not None and cause.startswith("the ranks could not meet at the rendezvous")
 
 
@@ -260,7 +257,7 @@ def test_a_collective_timing_out_under_torchrun_is_a_cause(
     cluster.tails["n1"] = watchdog
     failure = launcher_failure(text, supervisor.spec, 1)
     assert (failure.node, failure.rank, failure.exit_code, failure.signal) == ("n1", 1, 1, None)
-    cause = supervisor.restart_cause(failure)
+    cause = recovery.restart_cause(supervisor, failure)
     assert cause is not None and cause.startswith("an NCCL collective timed out or lost its peer")
 
 
@@ -269,7 +266,10 @@ def test_an_hccl_collective_timing_out_is_a_cause(tmp_path: Path, monkeypatch: p
     supervisor, _ = faked(tmp_path, monkeypatch)
     text = (REPO / "python/tests/data/doctor/hccl-EI0002.log").read_text()
     (supervisor.job_dir / LAUNCHER_LOG).write_text(text)
-    assert supervisor.restart_cause(Failure("the launcher exited with status 1", exit_code=1)) is not None
+    assert (
+        recovery.restart_cause(supervisor, Failure("the launcher exited with status 1", exit_code=1))
+        is not None
+    )
 
 
 def test_the_users_python_error_is_not_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,7 +279,7 @@ def test_the_users_python_error_is_not_a_cause(tmp_path: Path, monkeypatch: pyte
     log.write_text(ZERO_DIVISION)
     (supervisor.job_dir / LAUNCHER_LOG).write_text("mpirun noticed that process rank 1 exited\n")
     failure = Failure("a rank exited with an error", node="n1", rank=1, exit_code=1)
-    assert supervisor.restart_cause(failure) is None
+    assert recovery.restart_cause(supervisor, failure) is None
 
 
 def test_a_cause_no_restart_cures_outranks_its_peers_lost_connection(
@@ -290,7 +290,7 @@ def test_a_cause_no_restart_cures_outranks_its_peers_lost_connection(
     unusable = (REPO / "python/tests/data/doctor/device-unusable.log").read_text()
     (supervisor.job_dir / LAUNCHER_LOG).write_text(f"{unusable}\n{GLOO_LINE}\n")
     failure = Failure("a rank exited with an error", node="n1", rank=1, exit_code=1)
-    assert supervisor.restart_cause(failure) is None
+    assert recovery.restart_cause(supervisor, failure) is None
 
 
 def test_a_rank_that_exited_first_with_the_users_error_is_not_a_cause(
@@ -300,7 +300,7 @@ def test_a_rank_that_exited_first_with_the_users_error_is_not_a_cause(
     log = f"{ZERO_DIVISION}{GLOO_LINE}\nrank 1 on node n1 exited with code 1 first\n"
     (supervisor.job_dir / LAUNCHER_LOG).write_text(log)
     failure = Failure("a rank exited with an error", node="n1", rank=1, exit_code=1)
-    assert supervisor.restart_cause(failure) is None
+    assert recovery.restart_cause(supervisor, failure) is None
 
 
 def test_a_rank_that_exited_with_an_error_while_its_peer_lost_the_connection_is_not_a_cause(
@@ -316,7 +316,7 @@ def test_a_rank_that_exited_with_an_error_while_its_peer_lost_the_connection_is_
     log.write_text(ZERO_DIVISION)
     failure = launcher_failure(text, supervisor.spec, 1)
     assert (failure.rank, failure.exit_code, failure.signal) == (1, 3, None)
-    assert supervisor.restart_cause(failure) is None
+    assert recovery.restart_cause(supervisor, failure) is None
 
 
 def test_the_users_error_in_the_failing_ranks_log_on_its_own_node_is_not_a_cause(
@@ -329,7 +329,7 @@ def test_the_users_error_in_the_failing_ranks_log_on_its_own_node_is_not_a_cause
     cluster.tails["n1"] = "[rank1]: " + ZERO_DIVISION.replace("\n", "\n[rank1]: ")
     failure = launcher_failure(text, supervisor.spec, 1)
     assert (failure.node, failure.rank) == ("n1", 1)
-    assert supervisor.restart_cause(failure) is None
+    assert recovery.restart_cause(supervisor, failure) is None
 
 
 # --- the restart ---
@@ -362,7 +362,7 @@ def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
     job_dir = supervisor.job_dir
     failure = lost("n1")
 
-    assert supervisor.recover(failure, pool) is True
+    assert recovery.recover(supervisor, failure, pool) is True
 
     new = supervisor.spec
     assert (new.nodes, new.spares, new.restart, new.resume) == (("n0", "n2"), (), 1, True)
@@ -420,10 +420,10 @@ def test_max_restarts_bounds_the_restarts(
     supervisor, cluster = faked(tmp_path, monkeypatch, nodes=["n0", "n1"], spares=["n2", "n3"])
     cluster.down = {"n1"}
     first_attempt(supervisor)
-    assert supervisor.recover(lost("n1"), pool) is True
+    assert recovery.recover(supervisor, lost("n1"), pool) is True
     cluster.down = {"n1", "n2"}
     again = lost("n2")
-    assert supervisor.recover(again, pool) is False
+    assert recovery.recover(supervisor, again, pool) is False
     assert "not restarted again: max_restarts=1 reached (lost before: n1)" in again.reason
     assert supervisor.spec.nodes == ("n0", "n2") and len(supervisor.restarts) == 1
 
@@ -434,7 +434,7 @@ def test_without_a_spare_the_job_goes_on_with_fewer_nodes_down_to_min_nodes(
     supervisor, cluster = faked(tmp_path, monkeypatch, min_nodes=1)
     cluster.down = {"n1"}
     first_attempt(supervisor)
-    assert supervisor.recover(lost("n1"), pool) is True
+    assert recovery.recover(supervisor, lost("n1"), pool) is True
     assert supervisor.spec.nodes == ("n0",) and supervisor.spec.restart == 1
     assert supervisor.restarts[0]["spares_taken"] == [] and supervisor.restarts[0]["nodes_after"] == ["n0"]
     assert supervisor.launcher[supervisor.launcher.index("-np") + 1] == "1"
@@ -448,7 +448,7 @@ def test_without_a_spare_and_min_nodes_0_the_job_is_not_restarted(
     cluster.down = {"n1"}
     first_attempt(supervisor)
     failure = lost("n1")
-    assert supervisor.recover(failure, pool) is False
+    assert recovery.recover(supervisor, failure, pool) is False
     assert "not restarted: 1 node(s) left (n0), fewer than min_nodes=2" in failure.reason
     assert "(the inventory has none)" in failure.reason
     assert supervisor.spec.nodes == ("n0", "n1") and supervisor.restarts == [] and cluster.given == []
@@ -462,7 +462,7 @@ def test_a_busy_or_down_spare_is_not_taken(
     cluster.down, cluster.busy = {"n1", "n3"}, {"n2"}
     first_attempt(supervisor)
     failure = lost("n1")
-    assert supervisor.recover(failure, pool) is False
+    assert recovery.recover(supervisor, failure, pool) is False
     assert "fewer than min_nodes=2, and no spare up and free among n2, n3" in failure.reason
     assert len(cluster.asked("n2")) == 1 and cluster.asked("n3") == []  # a spare that is down is not asked
 
@@ -473,7 +473,7 @@ def test_the_first_free_spare_is_taken(
     supervisor, cluster = faked(tmp_path, monkeypatch, spares=["n2", "n3", "n4"])
     cluster.down, cluster.busy = {"n1"}, {"n2"}
     first_attempt(supervisor)
-    assert supervisor.recover(lost("n1"), pool) is True
+    assert recovery.recover(supervisor, lost("n1"), pool) is True
     assert supervisor.spec.nodes == ("n0", "n3") and supervisor.spec.spares == ("n2", "n4")
     assert supervisor.restarts[0]["spares_taken"] == ["n3"] and cluster.asked("n4") == []
 
@@ -484,10 +484,10 @@ def test_a_failure_a_restart_does_not_cure_is_not_restarted(
     supervisor, cluster = faked(tmp_path, monkeypatch, spares=["n2"])
     first_attempt(supervisor)
     users = Failure("a rank exited with an error", node="n1", rank=1, exit_code=1)
-    assert supervisor.recover(users, pool) is False
+    assert recovery.recover(supervisor, users, pool) is False
     assert users.reason.endswith("; not restarted: a restart does not cure this (the job's own error)")
     bound = Failure("the job did not finish within job_timeout=60 s", restartable=False)
-    assert supervisor.recover(bound, pool) is False
+    assert recovery.recover(supervisor, bound, pool) is False
     assert bound.reason == "the job did not finish within job_timeout=60 s"
     # nothing is asked of the nodes but the failing rank's log
     assert all(command.startswith("tail -n") for _, command in cluster.commands)
@@ -500,7 +500,7 @@ def test_without_max_restarts_nothing_is_restarted(
     supervisor, cluster = faked(tmp_path, monkeypatch, max_restarts=0, spares=["n2"])
     cluster.down = {"n1"}
     failure = lost("n1")
-    assert supervisor.recover(failure, pool) is False
+    assert recovery.recover(supervisor, failure, pool) is False
     assert "not restarted" not in failure.reason and cluster.commands == []
 
 
@@ -512,7 +512,7 @@ def test_processes_that_outlived_the_stop_prevent_a_restart(
     cluster.leftover = {"n0": f"4321 python -m ddp_cluster.train --output-dir {supervisor.job_dir}/output"}
     first_attempt(supervisor)
     failure = lost("n1")
-    assert supervisor.recover(failure, pool) is False
+    assert recovery.recover(supervisor, failure, pool) is False
     assert "not restarted: processes of the job outlived the stop on n0" in failure.reason
     assert supervisor.spec.nodes == ("n0", "n1")
 
@@ -523,7 +523,7 @@ def test_a_users_script_is_told_where_to_resume_but_not_given_resume(
     supervisor, cluster = faked(tmp_path, monkeypatch, spares=["n2"], script="train.py")
     cluster.down = {"n1"}
     first_attempt(supervisor)
-    assert supervisor.recover(lost("n1"), pool) is True
+    assert recovery.recover(supervisor, lost("n1"), pool) is True
     assert supervisor.spec.resume is False and "--resume" not in supervisor.launcher
     assert exported(supervisor.launcher)["DDP_RESUME_FROM"].endswith("/epoch-00003.step-000000150.ckpt")
 

@@ -1,10 +1,10 @@
 """A job's status, typed: :class:`Status`, what the supervisor writes to ``JOB/status.json`` as the job goes.
 
 One writer (:mod:`ddp_cluster.supervisor.loop`, rewriting the file whole and atomically at every change) and
-every
-reader through :func:`read` / :meth:`Status.from_dict`: the controller's wait (the ``ddp_job_wait`` action),
-the report (:mod:`ddp_cluster.job.report`), the doctor and the results' layout. A lost node is a field
-(``lost_nodes``), never a sentence to search.
+every reader through :func:`read` / :meth:`Status.from_dict`: the controller's wait
+(:mod:`ddp_cluster.job.control`), ``jobs.yml`` (:mod:`ddp_cluster.supervisor.jobs`), the report
+(:mod:`ddp_cluster.job.report`), the doctor and the results' layout. A lost node is a field (``lost_nodes``),
+never a sentence to search.
 
 Standard library only: it runs in the node image's Python and on the controller.
 """
@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_cluster.errors import DdpClusterError
+
 FILE = "status.json"
 STATES = ("starting", "running", "succeeded", "failed")
-# Each field's type, for checking a file written by another version (or torn by hand).
+# Each field's type, checked when a file is read (one edited by hand is refused naming the field).
 _KINDS: dict[str, tuple[type, ...]] = {
     "state": (str,),
     "elapsed": (int, float),
@@ -41,7 +43,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
 LISTS = ("nodes", "launcher", "lost_nodes", "log_tail", "launcher_tail", "ran_on")
 
 
-class StatusError(ValueError):
+class StatusError(DdpClusterError):
     """A status.json that cannot be read as a :class:`Status`; the message names the field."""
 
 
@@ -73,7 +75,7 @@ class Status:
     ranks_running: bool = False  # every node runs its ranks (this attempt); what detach waits for
     ran_on: tuple[str, ...] = ()  # every node that ran the job, in any attempt (results come from each)
     max_restarts: int = 0
-    # One record per restart (see ddp_cluster.supervisor.loop.Supervisor.recover): restart, cause, lost,
+    # One record per restart (see ddp_cluster.supervisor.recovery.recover): restart, cause, lost,
     # nodes_before, nodes_after, spares_taken, lost_at, restarted_at, training_again_s, checkpoint,
     # resume_step, last_step, steps_redone.
     restarts: tuple[Mapping[str, Any], ...] = ()
@@ -94,8 +96,8 @@ class Status:
     # --- the file ----------------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Status:
-        """The status of ``data``; fields this version does not know are ignored (a newer supervisor's), a
-        known field of the wrong type is a StatusError naming it."""
+        """The status of ``data``; fields it does not know are ignored, a known field of the wrong type is a
+        StatusError naming it."""
         if not isinstance(data, Mapping):
             raise StatusError(f"a status is a mapping of fields, not {type(data).__name__}")
         values: dict[str, Any] = {}

@@ -1,10 +1,8 @@
 """Checkpoints: complete, checksummed, written atomically, the last K kept.
 
-Names: ``epoch-NNNNN.ckpt`` at the end of an epoch, N the epochs completed, and
-``epoch-NNNNN.step-SSSSSSSSS.ckpt`` in the middle of one (``--checkpoint-every``), after N completed epochs
-and S optimizer steps in all. Both are zero-padded, so sorting the names as plain strings (as ``pack.py``
-does) and sorting by (epoch, step) give the same order, the order of training: ``epoch-00003.ckpt`` <
-``epoch-00003.step-000000150.ckpt`` < ``epoch-00004.ckpt``. :func:`list_checkpoints` orders by (epoch, step).
+Names: :mod:`ddp_cluster.runtime.checkpoint_names` (``epoch-NNNNN.ckpt``,
+``epoch-NNNNN.step-SSSSSSSSS.ckpt``; torch-free, so the supervisor and the controller share them).
+:func:`list_checkpoints` orders by (epoch, step).
 
 A checkpoint file is a 48-byte header (magic ``DDPCKPT1``, payload length as a little-endian uint64, SHA-256
 of the payload) followed by the payload, a ``torch.save`` of a dict of plain types and tensors (model state,
@@ -21,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import io
 import random
-import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -31,26 +28,12 @@ import torch
 
 from ddp_cluster.errors import CheckpointError
 from ddp_cluster.files import write_atomic
+from ddp_cluster.runtime.checkpoint_names import NAME as NAME
+from ddp_cluster.runtime.checkpoint_names import checkpoint_name, checkpoint_order
 
 FORMAT_VERSION = 1
 MAGIC = b"DDPCKPT1"
 HEADER = struct.Struct("<8sQ32s")
-# epoch-NNNNN.ckpt (group 1: epochs completed) or epoch-NNNNN.step-SSSSSSSSS.ckpt (group 2: global step)
-NAME = re.compile(r"^epoch-(\d+)(?:\.step-(\d+))?\.ckpt$")
-
-
-def checkpoint_name(epoch: int, step: int | None = None) -> str:
-    """``epoch-NNNNN.ckpt`` after ``epoch`` completed epochs; with ``step``, the mid-epoch checkpoint taken
-    at that global step, ``epoch-NNNNN.step-SSSSSSSSS.ckpt``."""
-    if step is None:
-        return f"epoch-{epoch:05d}.ckpt"
-    return f"epoch-{epoch:05d}.step-{step:09d}.ckpt"
-
-
-def checkpoint_order(name: str) -> tuple[int, int] | None:
-    """(epoch, step) of a checkpoint's file name, step 0 for an epoch-end one; None for any other name."""
-    match = NAME.match(name)
-    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
 
 
 def encode(state: dict[str, Any]) -> bytes:

@@ -6,10 +6,9 @@ agents of all the others. This sets ``--node-rank`` from the node's mpirun rank 
 - ``torchrun`` (default): ``python -m torch.distributed.run``, with the interpreter that runs this module, so
   it works where torch lives only in the base image's interpreter (CANN images), with no ``torchrun`` on PATH;
 - ``torch_npu_run``: ``python -m torch_npu.distributed.run``, torch_npu's launcher for large Ascend clusters
-  (seed 002): torchrun's arguments, with its "parallel" rendezvous (faster link set-up). Ranks under it join
-  with ``init_method="parallel://MASTER_ADDR:MASTER_PORT"``, as the vendor documents
-  (``ddp_cluster.runtime.train``
-  does).
+  (the Ascend multi-node checklist): torchrun's arguments, with its "parallel" rendezvous (faster link
+  set-up). Ranks under it join with ``init_method="parallel://MASTER_ADDR:MASTER_PORT"``, as the vendor
+  documents (``ddp_cluster.runtime.train`` does).
 """
 
 from __future__ import annotations

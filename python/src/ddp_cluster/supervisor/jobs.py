@@ -1,13 +1,16 @@
-"""The cluster's jobs, from the nodes themselves: what ``ansible-playbook jobs.yml`` lists and stops.
+"""The cluster's jobs, from the nodes themselves: what ``ansible-playbook jobs.yml`` lists and stops, and
+the one answer to "which jobs run on this node" (:mod:`ddp_cluster.job.node_jobs` asks it, for the
+controller's check before a job starts, jobs.yml, the controller's stop and the supervisor's spares).
 
 On each node (in its container, one command: ``python -m ddp_cluster.supervisor.jobs --jobs-dir
-/workspace/jobs``)
-:func:`node_report` reads the jobs' directories (a job's ``status.json`` is on its first node, where its
-supervisor runs; ``job.json`` is on every node of it) and the processes (``/proc/*/cmdline``): which jobs run
-here (busy), and whose supervisor lives here. It prints one JSON document. With ``--stop ID`` it first stops
-job ID here: its supervisor, when it lives here, is asked to stop every rank on every node (SIGUSR1 with the
-reason, as train.yml's Ctrl-C does) and waited for; the ranks still here after that are killed; a status left
-``running`` by a supervisor that is gone is closed as failed, so that ``train.yml -e attach=ID`` collects it.
+/workspace/jobs``) :func:`node_report` reads the jobs' directories (a job's ``status.json`` is on its first
+node, where its supervisor runs; ``job.json`` is on every node of it) and the processes
+(``/proc/*/cmdline``): which jobs run here (busy), and whose supervisor lives here. It prints one JSON
+document. With ``--stop ID`` it first stops job ID here: its supervisor, when it lives here, is asked to stop
+every rank on every node (SIGUSR1 with the reason: train.yml's Ctrl-C, jobs.yml; without a reason SIGTERM,
+as the controller's bound does) and waited for; the job's processes still here after that are stopped (the
+supervisor's own sweep, :meth:`ddp_cluster.supervisor.remote.Mesh.sweep`); a status left ``running`` by a
+supervisor that is gone is closed as failed, so that ``train.yml -e attach=ID`` collects it.
 
 On the controller :func:`table` merges the nodes' documents into the lines jobs.yml prints: each job (id,
 state, nodes, progress, started, restarts) and each node (free, busy with a job, down).
@@ -25,26 +28,23 @@ import re
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ddp_cluster.files import write_atomic
 from ddp_cluster.job import status as job_status
+from ddp_cluster.supervisor.remote import Mesh
 
 JOB_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 # The newest jobs listed per node (by their directory's time), besides those that run.
 NEWEST = 20
 STOP_WAIT = 60.0  # seconds for a supervisor to stop its job
 RANKS_WAIT = 20.0  # seconds for a job's processes to end on a node whose supervisor stops them
-
-
-def interrupt_file(playbook_pid: int) -> Path:
-    """The file the ddp_job_interrupt callback leaves when the playbook (process ``playbook_pid``) gets
-    Ctrl-C while a job is waited for; the ddp_job_wait action, a child of that process, looks for it."""
-    return Path(tempfile.gettempdir(), f"ddp-cluster-interrupt.{playbook_pid}")
+# The file a stop asked from the controller leaves in the job's directory: why (the supervisor reads it).
+STOP_REASON = "stop-reason"
 
 
 # --- on a node ---------------------------------------------------------------------------------------------
@@ -139,34 +139,35 @@ def _wait_gone(pids: Sequence[int], seconds: float) -> bool:
 
 
 def stop_here(jobs_dir: str, job: str, reason: str) -> dict[str, Any]:
-    """Stop job ``job`` on this node (see the module's text); what was done."""
+    """Stop job ``job`` on this node (see the module's text); what was done. An empty ``reason`` stops it as
+    its time bound does (SIGTERM: the supervisor's own words)."""
     busy, supervisors = running(jobs_dir)
-    done: dict[str, Any] = {"job": job, "supervisor": False, "killed": 0, "closed": False}
+    done: dict[str, Any] = {"job": job, "supervisor": False, "left": False, "closed": False}
     folder = Path(jobs_dir, job)
     if job in supervisors:
-        write_atomic(folder / "stop-reason", (reason + "\n").encode())
+        if reason:
+            write_atomic(folder / STOP_REASON, (reason + "\n").encode())
         with contextlib.suppress(ProcessLookupError):
-            os.kill(supervisors[job], signal.SIGUSR1)
+            os.kill(supervisors[job], signal.SIGUSR1 if reason else signal.SIGTERM)
         done["supervisor"] = _wait_gone([supervisors[job]], STOP_WAIT)
     elif busy.get(job):
         _wait_gone(busy[job], RANKS_WAIT)  # the supervisor, on another node, stops them
-    left, _ = running(jobs_dir)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = left.get(job, [])
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                done["killed"] += 1 if sig == signal.SIGTERM else 0
-            except ProcessLookupError:
-                pass
-        if not pids or _wait_gone(pids, 3.0):
-            break
+    left, supervisors = running(jobs_dir)
+    if left.get(job):
+        done["left"] = True
+        if job in supervisors:  # it did not stop within STOP_WAIT
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisors[job], signal.SIGKILL)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            me = socket.gethostname()
+            Mesh(me).sweep([me], f"{jobs_dir}/{job}/", pool)
     found = job_status.read(folder / job_status.FILE)
     if found is not None and not found.done and job not in running(jobs_dir)[1]:
         # its supervisor is gone (killed with its node's processes, or before): close the status
+        said = reason or "the job was stopped"
         closed = found.update(
             state="failed",
-            reason=f"{reason} (its supervisor was no longer running)",
+            reason=f"{said} (its supervisor was no longer running)",
             interrupted=reason,
             updated=time.time(),
         )

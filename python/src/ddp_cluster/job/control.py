@@ -1,0 +1,278 @@
+"""A job's lifecycle, seen from the controller: start, wait, detach, attach, stop; the first node gone, the
+bound passed, Ctrl-C. One owner, behind a :class:`~ddp_cluster.job.transport.Transport` to the job's first
+node's server (the ``ddp_job_wait`` action hands in one on Ansible's connection; the tests a fake).
+
+:meth:`JobControl.run`: the job's files (job.tar.gz, and the checkpoint to resume from) go into the job's
+directory on the first node's server; the supervisor starts detached in the node container (``python -m
+ddp_cluster.supervise``: it gives every other node the files, runs the launcher, watches every node); then its
+status.json (:class:`ddp_cluster.job.status.Status`) is read every ``poll`` seconds and a line said whenever
+the progress changes. The supervisor enforces job_timeout itself; when the controller's own bound (job_timeout
++ ``GRACE``) passes, the job is stopped (the supervisor stops every rank) and its last word waited for. The
+last status read is written to runs/<id>/status.json on the controller and returned.
+
+``detach``: return once every rank runs (the status says ``ranks_running``), saying the job's id and the
+commands that follow, list and stop it; the job goes on without the controller. ``attach`` (the plan of an
+earlier run, :func:`attach_plan`): start nothing, follow the job's status to its end (a job that already ended
+is just collected). A restart the supervisor made is said as it happens.
+
+Ctrl-C: the ``ddp_job_interrupt`` callback (in the playbook's own process, where Ansible receives SIGINT)
+leaves :func:`interrupt_file`; the wait sees it at its next poll, stops the job on every node (with the
+reason), waits for the supervisor's last word and returns it, so the results are collected and the report
+says the job was interrupted.
+
+A stop is the node's own (:mod:`ddp_cluster.job.node_jobs`: the same command as ``jobs.yml -e stop=ID``).
+The first node is taken for gone when its supervisor said nothing new for ``SILENT`` seconds and its
+container does not run (or its server does not answer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.files import write_atomic
+from ddp_cluster.job import node_jobs
+from ddp_cluster.job import plan as planning
+from ddp_cluster.job import status as job_status
+from ddp_cluster.job.spec import BUNDLE_FILE
+from ddp_cluster.job.status import Status
+from ddp_cluster.job.transport import Transport, Unreachable, in_container
+
+# Seconds past job_timeout before the controller stops a job whose supervisor did not end it; and to wait for
+# the supervisor's last word after a stop.
+GRACE = 90
+STOP_WAIT = 90
+# How long detach waits for every rank to run.
+DETACH_WAIT = 120
+# Seconds without a new word from the supervisor before the wait checks that the first node still runs.
+SILENT = 20.0
+
+
+class AttachError(DdpClusterError):
+    """``attach=ID`` names no job this controller planned; the message says what to do."""
+
+
+def interrupt_file(playbook_pid: int) -> Path:
+    """The file the ddp_job_interrupt callback leaves when the playbook (process ``playbook_pid``) gets
+    Ctrl-C while a job is waited for; the ddp_job_wait action, a child of that process, looks for it."""
+    return Path(tempfile.gettempdir(), f"ddp-cluster-interrupt.{playbook_pid}")
+
+
+def follow_commands(job_id: str) -> list[str]:
+    return [
+        f"  follow it:  ansible-playbook train.yml -e attach={job_id}",
+        "  list jobs:  ansible-playbook jobs.yml",
+        f"  stop it:    ansible-playbook jobs.yml -e stop={job_id}",
+    ]
+
+
+def attach_plan(runs: Path, job_id: str) -> dict[str, Any]:
+    """The plan of an earlier run (``runs``/<id>/plan.json), to follow the job without starting it."""
+    try:
+        facts = planning.load(runs / job_id)
+    except (OSError, ValueError) as error:
+        raise AttachError(
+            f"attach={job_id}: this controller has no plan of that job"
+            f" ({runs / job_id}/{planning.PLAN_FILE}: {error});"
+            " `ansible-playbook jobs.yml` lists the cluster's jobs"
+        ) from error
+    if facts.get("kind") != "train":
+        raise AttachError(f"attach={job_id} is a {facts.get('label')}, not a job")
+    return {**facts, "attach": True, "detach": False}
+
+
+def start_command(plan: Mapping[str, Any], node: str, bundle: str, checkpoint: str = "") -> str:
+    """The first node's server: the job's files (``bundle`` and ``checkpoint``, put there already) into the
+    job's directory, then the supervisor started detached in the node container."""
+    where = shlex.quote(str(plan["host_dirs"][node]))
+    steps = [
+        f"mkdir -p {where}/output/checkpoints",
+        f"cp {shlex.quote(bundle)} {where}/{BUNDLE_FILE}",
+        f"tar -xzf {where}/{BUNDLE_FILE} -C {where}",
+    ]
+    if checkpoint:
+        name = shlex.quote(Path(checkpoint).name)
+        steps.append(f"cp {shlex.quote(checkpoint)} {where}/output/checkpoints/{name}")
+    job_dir = shlex.quote(str(plan["job_dir"]))
+    supervise = (
+        f". {node_jobs.NODE_ENV} && exec python -m ddp_cluster.supervise --job-dir {job_dir}"
+        f" > {job_dir}/supervisor.log 2>&1"
+    )
+    steps.append(in_container(node, supervise, detach=True, shell="/bin/bash"))
+    return " && ".join(steps)
+
+
+@dataclass
+class JobControl:
+    """One job followed from the controller on its first node ``node`` (see the module's text)."""
+
+    plan: Mapping[str, Any]
+    node: str
+    transport: Transport
+    say: Callable[[str], None]
+    interrupt: Path
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def __post_init__(self) -> None:
+        self.label = f"{self.plan['label']} {self.plan['id']}"
+        self.status_file = f"{self.plan['host_dirs'][self.node]}/{job_status.FILE}"
+        self.first_lost = False
+        self._last_updated: float | None = None
+        self._changed_at = self._probed_at = self.clock()
+        self._shown_restarts = 0
+
+    @property
+    def bound(self) -> float:
+        return float(self.plan["timeout"]) + GRACE
+
+    def run(self) -> dict[str, Any]:
+        """Start (or attach to) the job and follow it; the action's result: ``failed`` and ``msg``, or
+        ``changed``, ``state``, ``status`` (and ``detached``)."""
+        plan, node, label = self.plan, self.node, self.label
+        self.interrupt.unlink(missing_ok=True)
+        if plan.get("attach"):
+            first = self.read()
+            if first is None:
+                return {
+                    "failed": True,
+                    "msg": f"{label}: no status on {node} ({self.status_file}): the job's first node lost it,"
+                    " or the job never started there; `ansible-playbook jobs.yml` lists the cluster's jobs",
+                }
+            self.say(f"{label}: attached ({first.state}, nodes {', '.join(first.nodes)})")
+        elif error := self.start():
+            return {"failed": True, "msg": f"{label}: could not start on {node}: {error}"}
+        status = None
+        if plan.get("detach") and not plan.get("attach"):
+            status = self.wait(DETACH_WAIT, float(plan["poll"]), until_running=True)
+            if status is not None and status.ranks_running and not status.done:
+                self.say(f"{label}: detached: every rank runs; the job goes on without this controller")
+                for line in follow_commands(str(plan["id"])):
+                    self.say(line)
+                return {"changed": True, "detached": True, "state": status.state, "status": status.to_dict()}
+        if status is None or not (status.done or self.first_lost or self.interrupt.exists()):
+            # attached; or detach=true while the ranks did not all run yet: follow it as attached
+            status = self.wait(self.bound, float(plan["poll"]))
+        final = self.finish(status)
+        run_dir = Path(plan["run_dir"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / job_status.FILE, final.dumps().encode())
+        return {"changed": True, "state": final.state, "status": final.to_dict()}
+
+    def finish(self, status: Status | None) -> Status:
+        """The job's last status: the first node lost, Ctrl-C or the bound handled (a stop, then the
+        supervisor's last word)."""
+        label, node = self.label, self.node
+        if self.first_lost:
+            self.say(f"{label}: the first node {node} is gone, and the supervisor with it")
+            lost = sorted({*(status.lost_nodes if status else ()), node})
+            status = (status or Status()).update(
+                state="failed",
+                lost_nodes=lost,
+                failed_node=node,
+                reason=f"node {node}, the job's first node (its supervisor and rank 0's checkpoints), stopped"
+                " answering; no restart can be made without it: bring it back with site.yml (or take it out"
+                f" of group nodes), then train.yml -e resume=true -e resume_from={self.plan['id']}",
+            )
+        elif status is not None and not status.done and self.interrupt.exists():
+            self.say(f"{label}: interrupted (Ctrl-C): stopping it on every node")
+            self.stop("interrupted on the controller (Ctrl-C): stopped on every node")
+            status = self.wait(STOP_WAIT, 1.0, stopping=True) or status
+        elif status is None or not status.done:
+            self.say(f"{label}: still running after the {self.bound:g} s bound: stopping it")
+            self.stop("")
+            status = self.wait(STOP_WAIT, 3.0, stopping=True) or status
+        final = status or Status(state="failed", reason="no status from the supervisor")
+        if not final.done:
+            final = final.update(state="failed", reason=final.reason or "the supervisor did not end the job")
+        return final
+
+    def start(self) -> str:
+        """Put the job's files on the node and start its supervisor; '' or what went wrong."""
+        try:
+            bundle = self.transport.put(str(self.plan["bundle"]))
+            checkpoint = self.plan.get("resume_checkpoint") or ""
+            put = self.transport.put(str(checkpoint)) if checkpoint else ""
+            done = self.transport.run(start_command(self.plan, self.node, bundle, put))
+        except Unreachable as error:
+            return str(error)[-500:]
+        finally:
+            self.transport.close()
+        return "" if done.rc == 0 else done.said()
+
+    def stop(self, reason: str) -> None:
+        """Stop the job on every node: its supervisor is told (with ``reason``; without one, as the job's
+        own bound does) and waited for, what it left on the first node is killed."""
+        jobs = node_jobs.jobs_dir(str(self.plan["job_dir"]))
+        command = node_jobs.command(jobs, stop=str(self.plan["id"]), reason=reason)
+        with contextlib.suppress(Unreachable):
+            self.transport.run(in_container(self.node, command, shell="/bin/bash"))
+
+    def read(self) -> Status | None:
+        try:
+            done = self.transport.run(f"cat {shlex.quote(self.status_file)} 2>/dev/null")
+        except Unreachable:  # the first node's server does not answer (its loss is found by first_silent)
+            return None
+        if done.rc != 0:
+            return None
+        with contextlib.suppress(job_status.StatusError):  # a partial read: the next poll sees the whole file
+            return job_status.loads(done.stdout)
+        return None
+
+    def first_silent(self, status: Status | None) -> bool:
+        """Whether the first node is gone: no new word from its supervisor for SILENT seconds and its
+        container does not run (or its server does not answer). Sets first_lost."""
+        now = self.clock()
+        updated = status.updated if status else None
+        if updated != self._last_updated:
+            self._last_updated, self._changed_at = updated, now
+            return False
+        if now - self._changed_at < SILENT or now - self._probed_at < SILENT / 2:
+            return False
+        self._probed_at = now
+        try:
+            done = self.transport.run(f"docker inspect -f '{{{{.State.Running}}}}' {shlex.quote(self.node)}")
+            running = done.rc == 0 and "true" in done.stdout
+        except Unreachable:
+            running = False
+        self.first_lost = not running
+        return self.first_lost
+
+    def wait(
+        self, bound: float, poll: float, until_running: bool = False, stopping: bool = False
+    ) -> Status | None:
+        """Read status.json until the job is done (or, ``until_running``, every rank runs), ``bound``
+        seconds passed, the first node is gone or Ctrl-C was pressed (unless already ``stopping``); say the
+        progress and the restarts as they come."""
+        deadline = self.clock() + bound
+        shown = None
+        status = None
+        while True:
+            status = self.read() or status
+            if status is not None:
+                for record in status.restarts[self._shown_restarts :]:
+                    self.say(f"{self.label}: {job_status.describe_restart(record)}")
+                self._shown_restarts = len(status.restarts)
+            if until_running and status is not None and status.ranks_running:
+                return status
+            if not stopping and (self.interrupt.exists() or self.first_silent(status)):
+                return status
+            progress = job_status.describe_progress(status.progress if status else None)
+            state = status.state if status else "starting"
+            elapsed = status.elapsed if status else 0.0
+            if status is not None and status.done:
+                self.say(f"{self.label}: {state} after {elapsed:.0f} s: {progress}")
+                return status
+            if progress != shown:
+                self.say(f"{self.label}: {state} after {elapsed:.0f} s: {progress}")
+                shown = progress
+            if self.clock() >= deadline:
+                return status
+            self.sleep(poll)

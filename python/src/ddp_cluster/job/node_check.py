@@ -1,0 +1,135 @@
+"""Can a planned job start on this node? The check the controller makes on every node of a job before any of
+its files is written (the ``ddp_job_node`` action), so that a refused job leaves nothing behind.
+
+One command on the node's server (:func:`check_script`): the node container answers ``docker exec``; the node
+runs no other job (one job per node at a time; the node's own answer, :mod:`ddp_cluster.job.node_jobs`, names
+the other job and its nodes; with ``wait_for_nodes`` the check is repeated until the node is free, within the
+job's time bound); on the first node the master port is free; before an npu health gate, each of the node's
+job devices reaches its counterpart on the next server (``hccn_tool -i N -ping -g address IP``, as the Ascend
+multi-node checklist does). :func:`problems` names the node, what is wrong and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ddp_cluster.job import node_jobs
+from ddp_cluster.job.transport import Transport, in_container
+
+HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
+PING_LINE = re.compile(r"^ping (\S+) (\S+) (\S+) ?(.*)$")
+# Seconds between two checks of a busy node, with wait_for_nodes.
+BUSY_POLL = 5.0
+
+
+def check_script(
+    container: str, port: int | None, tool: str, targets: Sequence[Mapping[str, Any]], jobs: str
+) -> str:
+    """The shell script the node's server runs: ``listening:`` lines, the node's jobs (one JSON line) and
+    ``up`` from the container (``down: RC`` when it does not answer), then a ``ping`` line per target.
+    ``jobs``: the jobs' directory in the node (/workspace/jobs)."""
+    listening = f"(ss -Htln 'sport = :{port}' | sed 's/^/listening: /'); " if port else ""
+    in_node = f"{listening}({node_jobs.command(jobs)}); echo up"
+    lines = [f"{in_container(container, in_node)} 2>&1 || echo down: $?"]
+    for target in targets:
+        device, address = shlex.quote(str(target["device"])), shlex.quote(str(target["address"]))
+        lines.append(
+            f"out=$(timeout 60 {shlex.quote(tool)} -i {device} -ping -g address {address} 2>&1); rc=$?; "
+            f'echo "ping {device} {address} $rc $(printf \'%s\\n\' "$out"'
+            " | grep -E 'packets transmitted|error|not'"
+            ' | tail -n 1)"'
+        )
+    return "\n".join(lines)
+
+
+def busy_problem(node: str, busy: Mapping[str, Sequence[str]]) -> str:
+    jobs = "; ".join(f"job {job} (nodes {', '.join(nodes) or '?'})" for job, nodes in busy.items())
+    first = next(iter(busy))
+    return (
+        f"{node} runs another job: {jobs}. One job per node at a time: wait for it (-e wait=true waits,"
+        f" within job_timeout), stop it (ansible-playbook jobs.yml -e stop={first}), or ask for other nodes."
+    )
+
+
+def busy_jobs(output: str, own: str) -> dict[str, list[str]]:
+    """The other jobs whose processes run on the node, from the script's output: job id -> its nodes."""
+    report = node_jobs.parse("\n".join(line for line in output.splitlines() if line.startswith("{")))
+    return node_jobs.busy(report, own) if report else {}
+
+
+def problems(
+    node: str,
+    container: str,
+    output: str,
+    port: int | None,
+    targets: Sequence[Mapping[str, Any]],
+    own: str = "",
+) -> list[str]:
+    """What the script's output says is wrong on ``node``, each with its fix."""
+    lines = output.splitlines()
+    if "up" not in lines:
+        said = " ".join(line for line in lines if not line.startswith("ping ")).strip()
+        return [
+            f"{node}: the node container {container} does not run ({said[:160]}): bring the cluster up with"
+            " `ansible-playbook site.yml`, then run train.yml again."
+        ]
+    found = []
+    if busy := busy_jobs(output, own):
+        found.append(busy_problem(node, busy))
+    listening = [line.removeprefix("listening: ") for line in lines if line.startswith("listening: ")]
+    if listening and not found:  # a busy node's job holds the port: the job is named already
+        found.append(
+            f"{node}: the master port {port} is taken ({'; '.join(listening)}): stop what listens there"
+            " (an earlier job?), or pick another port with -e cluster_master_port=PORT."
+        )
+    peer = targets[0]["peer"] if targets else ""
+    failed = [
+        f"device {match.group(1)} -> {peer} at {match.group(2)} (rc {match.group(3)}: {match.group(4)})"
+        for match in map(PING_LINE.match, lines)
+        if match and match.group(3) != "0"
+    ]
+    if failed:
+        found.append(
+            f"{node}: hccn_tool -ping failed for {'; '.join(failed)}. These device NICs cannot reach each"
+            " other: check their cabling or switch ports, the addresses (hccn_tool -i N -ip -g), their link"
+            " (-link -g) and health (-net_health -g); site.yml sets and checks them."
+        )
+    return found
+
+
+def check_node(
+    plan: Mapping[str, Any],
+    node: str,
+    transport: Transport,
+    tool: str = HCCN_TOOL,
+    say: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Check ``node`` for the job ``plan`` (waiting while another job runs there, with wait_for_nodes); the
+    action's result: ``failed`` and ``msg`` naming every problem, or ``pinged`` and ``waited``."""
+    port = int(plan["master_port"]) if node == plan["first"] else None
+    targets = list((plan.get("ping") or {}).get(node) or [])
+    own = str(plan["id"])
+    script = check_script(node, port, tool, targets, node_jobs.jobs_dir(str(plan["job_dir"])))
+    deadline = clock() + float(plan["timeout"])
+    waited = False
+    while True:
+        output = transport.run(script).stdout
+        found = problems(node, node, output, port, targets, own=own)
+        busy = busy_jobs(output, own)
+        # wait=true: a node busy with another job is waited for (its master port is that job's)
+        waiting = [problem for problem in found if not problem.startswith(f"{node}: the master port")]
+        if not (busy and plan.get("wait_for_nodes") and len(waiting) == 1 and clock() < deadline):
+            break
+        if not waited:
+            say(f"{node}: runs job {', '.join(busy)}: waiting for it (wait=true)")
+            waited = True
+        sleep(BUSY_POLL)
+    if found:
+        return {"failed": True, "msg": " ".join(found)}
+    return {"changed": False, "pinged": len(targets), "waited": waited}

@@ -1,0 +1,78 @@
+"""Which jobs run on a node, and a job stopped there: the one command that asks a node, and its answer.
+
+The node answers with :mod:`ddp_cluster.supervisor.jobs` (in its container: the jobs' directories and the
+processes that name them), whoever asks: the controller's check before a job starts (``ddp_job_node``: is the
+node busy?), ``jobs.yml`` (the list; ``-e stop=ID``), the controller's wait when it stops a job (Ctrl-C, its
+bound), and the supervisor looking for a free spare. So "which jobs run here" and "stop this job here" have
+one implementation, in the node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from ddp_cluster.job.transport import Transport, in_container
+
+MODULE = "ddp_cluster.supervisor.jobs"
+# The node image's environment (its Python, the package): docker exec starts no login shell.
+NODE_ENV = "/etc/ddp-cluster/env.sh"
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def jobs_dir(job_dir: str) -> str:
+    """The jobs' directory in the node (/workspace/jobs) of a job's directory (/workspace/jobs/ID)."""
+    return job_dir.rstrip("/").rsplit("/", 1)[0]
+
+
+def command(jobs: str, stop: str = "", reason: str | None = None) -> str:
+    """The node's shell command: its report of the jobs (one JSON line); with ``stop``, job ``stop`` stopped
+    there first (``reason``: what its status says; '' stops it as its time bound does, without one)."""
+    line = f". {NODE_ENV} && python -m {MODULE} --jobs-dir {shlex.quote(jobs)}"
+    if stop:
+        line += f" --stop {shlex.quote(stop)}"
+        if reason is not None:
+            line += f" --reason {shlex.quote(reason)}"
+    return line
+
+
+def parse(output: str) -> dict[str, Any] | None:
+    """The node's report, from the command's output (its last JSON line); None when it gave none."""
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                report = json.loads(line)
+            except ValueError:
+                return None
+            return report if isinstance(report, dict) else None
+    return None
+
+
+def busy(report: Mapping[str, Any], own: str = "") -> dict[str, list[str]]:
+    """The jobs other than ``own`` whose processes run on the node: job id -> its nodes (its job.json's)."""
+    jobs = report.get("jobs") or {}
+    found: dict[str, list[str]] = {}
+    for job in report.get("busy") or []:
+        if job == own:
+            continue
+        item = jobs.get(job) if isinstance(jobs, Mapping) else None
+        nodes = item.get("nodes") if isinstance(item, Mapping) else None
+        found[str(job)] = [str(node) for node in nodes] if isinstance(nodes, list) else []
+    return found
+
+
+def ask(
+    transport: Transport, container: str, jobs: str, stop: str = "", reason: str | None = None
+) -> dict[str, Any]:
+    """The node's report through ``transport`` (its server) as the ``ddp_jobs_node`` action returns it:
+    ``report``, or ``down`` saying why there is none (a node whose container does not answer is no failure:
+    the list shows it)."""
+    done = transport.run(in_container(container, command(jobs, stop, reason), shell="/bin/bash"))
+    report = parse(done.stdout) if done.rc == 0 else None
+    if report is None:
+        said = (done.stderr.strip() or done.stdout.strip() or f"rc {done.rc}").splitlines()
+        return {"changed": False, "down": f"its container does not answer: {said[-1][:200]}"}
+    return {"changed": bool(stop), "report": report}

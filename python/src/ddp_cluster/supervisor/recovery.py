@@ -1,0 +1,232 @@
+"""A job's restart on the cluster, by its supervisor: no controller is needed.
+
+After a failure that a restart can cure (:func:`ddp_cluster.supervisor.failures.restart_cause`), within
+``max_restarts``: on the nodes that still answer, a free spare in place of each lost node (else fewer, down to
+``min_nodes``), from the newest checkpoint (:func:`newest_checkpoint`); the attempt's logs kept under
+``JOB/attempts/<n>/`` on each node; the restart recorded in the status (and in summary.json at the end).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddp_cluster.ascend import ranktable
+from ddp_cluster.files import add_file, write_atomic
+from ddp_cluster.job import spec as jobspec
+from ddp_cluster.runtime.checkpoint_names import FOLDER, NAME
+from ddp_cluster.supervisor import failures
+from ddp_cluster.supervisor.failures import Failure, read_text
+
+if TYPE_CHECKING:
+    from ddp_cluster.supervisor.loop import Supervisor
+
+# Where a restarted job's earlier attempts keep their logs (JOB/attempts/<n>/), on every node.
+ATTEMPTS = "attempts"
+# The job's files, unpacked on every node before the launcher starts (see Supervisor.run).
+BUNDLE = jobspec.BUNDLE_FILE
+LAUNCHER_LOG = "launcher.log"
+
+
+def newest_checkpoint(output: Path) -> tuple[str, int]:
+    """The newest complete checkpoint's file name in OUTPUT/checkpoints and its step ('' and 0 when none): a
+    mid-epoch checkpoint (epoch-E.step-S.ckpt) names its step; an epoch's is found in metrics.jsonl's record
+    of that epoch. Names sort in training order; temporary files are not checkpoints."""
+    folder = output / FOLDER
+    names = sorted(path.name for path in folder.iterdir() if NAME.match(path.name)) if folder.is_dir() else []
+    if not names:
+        return "", 0
+    match = NAME.match(names[-1])
+    assert match is not None
+    if match.group(2):
+        return names[-1], int(match.group(2))
+    epoch = int(match.group(1))
+    for line in read_text(output / "metrics.jsonl", limit=16 * 1024 * 1024).splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("kind") == "epoch" and record.get("epoch") == epoch:
+            return names[-1], int(record.get("step") or 0)
+    return names[-1], 0
+
+
+def step_of(progress: Any) -> int | None:
+    if isinstance(progress, Mapping) and isinstance(progress.get("step"), int):
+        return int(progress["step"])
+    return None
+
+
+def restart_cause(supervisor: Supervisor, failure: Failure) -> str | None:
+    """Why a restart could cure ``failure``, from this attempt's logs: the launcher's, the ranks' here, and
+    the failing rank's on its own node (mpirun writes a rank's log there); None when it cannot."""
+    job_dir = supervisor.job_dir
+    logs = sorted(path for path in (job_dir / "logs").rglob("*") if path.is_file())
+    texts = [read_text(job_dir / LAUNCHER_LOG), *(read_text(log, 256 * 1024) for log in logs)]
+    curable = failure.restartable and not failure.lost and failure.signal is None
+    if curable and failure.node in supervisor.nodes and failure.node != supervisor.me:
+        process = supervisor.nodes.index(failure.node) if supervisor.spec.agents else failure.rank
+        texts.append("\n".join(supervisor.rank_log_tail(process or 0, failure.node)))
+    return failures.restart_cause(failure, texts)
+
+
+def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) -> bool:
+    """After a failure, restart the job if it may be (max_restarts, the cause, enough nodes); False (the
+    failure's reason then says why) when it is not restarted."""
+    spec, done, mesh = supervisor.spec, len(supervisor.restarts), supervisor.mesh
+    cause = restart_cause(supervisor, failure)
+    lost_before = [item for record in supervisor.restarts for item in record.get("lost", [])]
+    if cause is None or not spec.max_restarts:
+        if spec.max_restarts and failure.restartable:
+            failure.reason += "; not restarted: a restart does not cure this (the job's own error)"
+        return False
+    if done >= spec.max_restarts:
+        failure.reason += (
+            f"; not restarted again: max_restarts={spec.max_restarts} reached"
+            f" (lost before: {', '.join(lost_before) or 'none'})"
+        )
+        return False
+    others = [node for node in supervisor.nodes if node != supervisor.me]
+    down = set(failure.lost) | set(mesh.down_now(others, pool))
+    healthy = [node for node in supervisor.nodes if node not in down]
+    if leftover := mesh.leftover(healthy, supervisor.tag, pool):
+        failure.reason += f"; not restarted: processes of the job outlived the stop on {', '.join(leftover)}"
+        return False
+    taken: list[str] = []
+    for node in spec.spares:
+        if len(healthy) + len(taken) >= supervisor.wanted:
+            break
+        if node not in supervisor.nodes and node not in lost_before and spare_free(supervisor, node):
+            taken.append(node)
+    nodes = healthy + taken
+    fewest = spec.min_nodes or supervisor.wanted
+    if len(nodes) < fewest:
+        failure.reason += (
+            f"; not restarted: {len(nodes)} node(s) left ({', '.join(nodes)}), fewer than"
+            f" min_nodes={fewest}, and no spare up and free"
+            + (f" among {', '.join(spec.spares)}" if spec.spares else " (the inventory has none)")
+        )
+        return False
+    number = done + 1
+    last_step = step_of(supervisor.progress())
+    archive_attempt(supervisor, number - 1, [node for node in supervisor.nodes if node not in down], pool)
+    checkpoint, resume_step = newest_checkpoint(supervisor.job_dir / "output")
+    supervisor.spec = replace(
+        spec,
+        nodes=tuple(nodes),
+        spares=tuple(node for node in spec.spares if node not in nodes),
+        restart=number,
+        resume=spec.kind == "train" and not spec.script,
+        resume_from=f"{spec.job_dir}/output/{FOLDER}/{checkpoint}" if checkpoint else "",
+    )
+    supervisor.nodes = list(nodes)
+    supervisor.launcher = supervisor.spec.launch_argv()
+    update = write_plan_files(supervisor)
+    job_dir = supervisor.job_dir
+    error = mesh.give(taken, (job_dir / BUNDLE).read_bytes(), job_dir, pool) if taken else None
+    error = error or mesh.give([node for node in nodes if node != supervisor.me], update, job_dir, pool)
+    if error is not None:
+        failure.reason += f"; not restarted: {error.reason}"
+        return False
+    record = {
+        "restart": number,
+        "cause": cause,
+        "lost": sorted(down),
+        "nodes_before": list(spec.nodes),
+        "nodes_after": nodes,
+        "spares_taken": taken,
+        "lost_at": round(failure.at, 2),
+        "restarted_at": round(time.time(), 2),
+        "training_again_s": None,
+        "checkpoint": checkpoint or None,
+        "resume_step": resume_step,
+        "last_step": last_step,
+        "steps_redone": max(0, last_step - resume_step) if last_step is not None else None,
+    }
+    supervisor.restarts.append(record)
+    supervisor.progress_at_restart = supervisor.progress()
+    status = supervisor.status.status
+    supervisor.status.write(
+        nodes=nodes,
+        launcher=supervisor.launcher,
+        ran_on=list(dict.fromkeys([*status.ran_on, *nodes])),
+        restarts=supervisor.restarts,
+        lost_nodes=sorted(set(status.lost_nodes) | down),
+        ranks_running=False,
+    )
+    return True
+
+
+def spare_free(supervisor: Supervisor, node: str) -> bool:
+    """A spare is a node that answers and runs no job (the node's own answer: ddp_cluster.supervisor.jobs)."""
+    if supervisor.mesh.probe(node) != "up":
+        return False
+    return supervisor.mesh.jobs_on(node, str(Path(supervisor.spec.job_dir).parent)) == []
+
+
+def archive_attempt(
+    supervisor: Supervisor, number: int, nodes: Sequence[str], pool: ThreadPoolExecutor
+) -> None:
+    """Move an attempt's logs to JOB/attempts/<number>/ on each node that answers (here: its launcher.log
+    too), so that the next attempt starts with empty logs and the report keeps both."""
+    where = shlex.quote(str(supervisor.job_dir))
+    target = f"{where}/{ATTEMPTS}/{number}"
+    move = f"mkdir -p {target} && if [ -d {where}/logs ]; then mv {where}/logs {target}/; fi"
+    move += f" && mkdir -p {where}/logs"
+    move += f" && if [ -f {where}/{LAUNCHER_LOG} ]; then mv {where}/{LAUNCHER_LOG} {target}/; fi; true"
+    list(pool.map(lambda node: supervisor.mesh.run(node, move), nodes))
+
+
+def write_plan_files(supervisor: Supervisor) -> bytes:
+    """This attempt's job.json, hostfile and (npu, rank_table) rank table, here; the tar of what the other
+    nodes need (job.json, the rank table)."""
+    spec = supervisor.spec
+    files = {jobspec.JOB_FILE: spec.dumps().encode()}
+    if spec.accelerator == "npu" and spec.hccl_init == "rank_table" and spec.recovery.get("npu_plan"):
+        table = ranktable.job_rank_table_dict(
+            spec.recovery["npu_plan"], list(spec.nodes), spec.nproc_per_node, spec.recovery.get("visible")
+        )
+        files["rank_table.json"] = ranktable.dumps(table).encode()
+    for name, data in files.items():
+        write_atomic(supervisor.job_dir / name, data)
+    (supervisor.job_dir / "hostfile").write_text(spec.hostfile())
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            add_file(tar, name, data)
+    return buffer.getvalue()
+
+
+def note_training_again(supervisor: Supervisor) -> None:
+    """After a restart, the seconds from the loss to the first progress past the resumed step."""
+    if not supervisor.restarts or supervisor.restarts[-1].get("training_again_s") is not None:
+        return
+    record, progress = supervisor.restarts[-1], supervisor.progress()
+    step = step_of(progress)
+    if progress is None or progress == supervisor.progress_at_restart:
+        return
+    if step is not None and step <= int(record.get("resume_step") or 0):
+        return
+    record["training_again_s"] = round(time.time() - float(record["lost_at"]), 1)
+    supervisor.status.write(restarts=supervisor.restarts)
+
+
+def record_restarts_in_summary(supervisor: Supervisor) -> None:
+    """The restarts, in the job's summary.json too (when the program wrote one)."""
+    summary = supervisor.job_dir / "output" / "summary.json"
+    if not supervisor.restarts or not summary.is_file():
+        return
+    try:
+        data = json.loads(summary.read_text())
+    except ValueError:
+        return
+    data["restarts"] = supervisor.restarts
+    write_atomic(summary, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())

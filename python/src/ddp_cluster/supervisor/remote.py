@@ -1,0 +1,141 @@
+"""The job's nodes as the supervisor reaches them: this node by a shell, the others over the mesh's ssh.
+
+One :class:`Mesh` per supervisor: a command on a node (:meth:`Mesh.run`), a probe of its liveness, the job's
+files handed out to many nodes at once, and the one way the job's processes are stopped on its nodes
+(:meth:`Mesh.sweep`: one TERM sweep of every node, one grace for all, a KILL sweep where something was left).
+The ssh sessions are the mesh's (host keys pinned, the cluster's port and key from the node's ssh config),
+``POOL`` of them in flight at a time. Tests put a stand-in in its place.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ddp_cluster.job import node_jobs
+from ddp_cluster.supervisor.failures import Failure
+from ddp_cluster.supervisor.liveness import probe_verdict
+
+# ssh sessions the supervisor keeps in flight to the other nodes (hand-out, probes, stop sweeps), and the
+# grace between the TERM and the KILL sweep of a stop.
+POOL = 64
+STOP_GRACE = 3.0
+DISTRIBUTE_TIMEOUT = 300
+COMMAND_TIMEOUT = 30
+
+
+def pattern(tag: str) -> str:
+    """pgrep's pattern of a job's processes, whose command lines hold ``tag`` (JOB/): '[/]workspace/...'
+    matches them but not the pkill or pgrep command line itself."""
+    return f"[{tag[0]}]{tag[1:]}" if tag else tag
+
+
+class Mesh:
+    """Commands on the job's nodes: ``me`` (this node) runs them in a shell, the others over ssh."""
+
+    def __init__(self, me: str, ssh_timeout: int = 3) -> None:
+        self.me = me
+        self.ssh_timeout = ssh_timeout
+
+    def ssh(self, node: str, *options: str) -> list[str]:
+        return ["ssh", "-o", f"ConnectTimeout={self.ssh_timeout}", "-o", "BatchMode=yes", *options, node]
+
+    def run(self, node: str, command: str) -> str:
+        """Run a shell command on a node; its output, '' when the node does not answer."""
+        argv = ["/bin/sh", "-c", command] if node == self.me else [*self.ssh(node), command]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            return ""
+        return done.stdout
+
+    def probe(self, node: str) -> str:
+        """'up', 'slow' or 'down' (see probe_verdict); only 'down' counts towards declaring a node dead."""
+        if node == self.me:
+            return "up"
+        try:
+            done = subprocess.run(
+                [*self.ssh(node, "-o", "LogLevel=INFO"), "true"],
+                capture_output=True,
+                text=True,
+                timeout=self.ssh_timeout + 5,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return probe_verdict(None, "")
+        return probe_verdict(done.returncode, done.stderr)
+
+    def down_now(self, nodes: Sequence[str], pool: ThreadPoolExecutor) -> list[str]:
+        """The nodes that do not answer at all now (asked once, when the launcher failed: was one lost?)."""
+        verdicts = pool.map(self.probe, nodes)
+        return [node for node, verdict in zip(nodes, verdicts, strict=True) if verdict == "down"]
+
+    def give(
+        self, nodes: Sequence[str], data: bytes, where: Path, pool: ThreadPoolExecutor
+    ) -> Failure | None:
+        """Unpack ``data`` (a tar.gz) into ``where`` on ``nodes``, all at once; the failure naming the first
+        node that did not take it."""
+        if not data or not nodes:
+            return None
+        command = f"mkdir -p {shlex.quote(str(where))} && tar -xzf - -C {shlex.quote(str(where))}"
+
+        def give(node: str) -> str:
+            try:
+                done = subprocess.run(
+                    [*self.ssh(node), command],
+                    input=data,
+                    capture_output=True,
+                    timeout=DISTRIBUTE_TIMEOUT,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                return f"no answer within {DISTRIBUTE_TIMEOUT} s"
+            if done.returncode == 0:
+                return ""
+            said = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+            return (said[-1] if said else "") or f"ssh exited with status {done.returncode}"
+
+        for node, error in zip(nodes, pool.map(give, nodes), strict=True):
+            if error:
+                down = probe_verdict(None, "") if error.startswith("no answer") else self.probe(node)
+                return Failure(
+                    f"the job's files could not be copied to node {node} ({error[:300]})",
+                    node=node,
+                    lost=(node,) if down == "down" else (),
+                )
+        return None
+
+    def sweep(
+        self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor, grace: float = STOP_GRACE
+    ) -> None:
+        """Stop the processes whose command lines hold ``tag`` on ``nodes``: one TERM sweep of every node, one
+        grace for all, then a KILL sweep of the nodes where something was left. The grace is paid once (not
+        once per node, pool threads at a time), and not at all when nothing was left."""
+        term = f"pkill -TERM -f -- '{pattern(tag)}' && echo left; true"
+        found = pool.map(lambda node: self.run(node, term), nodes)
+        left = [node for node, out in zip(nodes, found, strict=True) if "left" in out]
+        if left:
+            time.sleep(grace)
+            list(pool.map(lambda node: self.run(node, f"pkill -KILL -f -- '{pattern(tag)}'; true"), left))
+
+    def leftover(self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor) -> dict[str, str]:
+        """Node -> the processes whose command lines hold ``tag`` there (the nodes with none left out)."""
+        found = pool.map(lambda node: self.run(node, f"pgrep -a -f -- '{pattern(tag)}' || true"), nodes)
+        return {node: out.strip() for node, out in zip(nodes, found, strict=True) if out and out.strip()}
+
+    def counts(self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor) -> dict[str, int]:
+        """Node -> how many processes hold ``tag`` there (-1: the node did not say)."""
+        found = pool.map(lambda node: self.run(node, f"pgrep -c -f -- '{pattern(tag)}' || true"), nodes)
+        return {
+            node: int(text.strip()) if text.strip().isdigit() else -1
+            for node, text in zip(nodes, found, strict=True)
+        }
+
+    def jobs_on(self, node: str, jobs_dir: str) -> list[str] | None:
+        """The jobs that run on ``node`` (its ddp_cluster.supervisor.jobs says); None when it did not say."""
+        report = node_jobs.parse(self.run(node, node_jobs.command(jobs_dir)))
+        return None if report is None else list(report.get("busy", []))

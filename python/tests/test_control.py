@@ -1,0 +1,340 @@
+"""The job's lifecycle on the controller (ddp_cluster.job.control): start, wait, detach, attach, stop, the
+first node gone, the bound, Ctrl-C, driven through a fake transport and a fake clock (no Ansible, no
+container); and the start's own shell commands, run here through the local transport with a docker
+stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddp_cluster.job import control, node_jobs
+from ddp_cluster.job.control import AttachError, JobControl, attach_plan, interrupt_file
+from ddp_cluster.job.status import Status
+from ddp_cluster.job.transport import Done, Local, Unreachable, in_container
+
+
+class FakeNode:
+    """The first node's server: ``statuses`` are what status.json holds at each read (the last one stays);
+    ``running``: whether its container runs; ``down``: its server does not answer at all. Every command is
+    kept; ``on_command`` may act on one (a Ctrl-C pressed while the job runs)."""
+
+    def __init__(self, statuses: list[Status | None], running: bool = True) -> None:
+        self.statuses = list(statuses)
+        self.running = running
+        self.down = False
+        self.start_rc = 0
+        self.commands: list[str] = []
+        self.put_files: list[str] = []
+        self.closed = 0
+        self.on_command: Callable[[str], None] = lambda command: None
+
+    def run(self, command: str) -> Done:
+        self.commands.append(command)
+        self.on_command(command)
+        if self.down:
+            raise Unreachable("ssh: connect to host server0 port 22: No route to host")
+        if command.startswith("cat "):
+            found = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+            return Done(0, found.dumps()) if found else Done(1)
+        if command.startswith("docker inspect"):
+            return Done(0, "true\n" if self.running else "false\n")
+        if "ddp_cluster.supervise " in command:
+            return Done(self.start_rc, "", "tar: job.tar.gz: Cannot open" if self.start_rc else "")
+        return Done(0, "{}\n")
+
+    def put(self, local: str) -> str:
+        self.put_files.append(local)
+        return f"/tmp/ansible-tmp/{Path(local).name}"
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def stops(self) -> list[str]:
+        return [command for command in self.commands if "--stop" in command]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def interrupt(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "interrupt"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def plan(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    return {
+        "id": "J1",
+        "label": "job",
+        "kind": "train",
+        "host_dirs": {"node0": "/srv/ddp/node0/jobs/J1"},
+        "job_dir": "/workspace/jobs/J1",
+        "run_dir": str(tmp_path / "runs" / "J1"),
+        "bundle": str(tmp_path / "runs" / "J1" / "job.tar.gz"),
+        "timeout": 600,
+        "poll": 2,
+        **changes,
+    }
+
+
+def follow(
+    tmp_path: Path, node: FakeNode, interrupt: Path, **changes: Any
+) -> tuple[dict[str, Any], list[str]]:
+    said: list[str] = []
+    clock = Clock()
+    job = JobControl(plan(tmp_path, **changes), "node0", node, said.append, interrupt, clock, clock.sleep)
+    return job.run(), said
+
+
+RUNNING = Status(state="running", updated=1.0, elapsed=3.0, progress={"epoch": 1, "step": 10, "loss": 0.5})
+DONE = Status(state="succeeded", updated=2.0, elapsed=9.0, rc=0, progress={"epoch": 2, "step": 20})
+
+
+def test_a_job_is_started_followed_and_its_last_status_written(tmp_path: Path, interrupt: Path) -> None:
+    node = FakeNode([None, RUNNING, RUNNING, DONE])
+    result, said = follow(
+        tmp_path, node, interrupt, resume_checkpoint="/runs/J0/output/checkpoints/epoch-00001.ckpt"
+    )
+    assert result["changed"] is True and result["state"] == "succeeded"
+    assert node.put_files == [plan(tmp_path)["bundle"], "/runs/J0/output/checkpoints/epoch-00001.ckpt"]
+    start = node.commands[0]
+    assert "tar -xzf /srv/ddp/node0/jobs/J1/job.tar.gz -C /srv/ddp/node0/jobs/J1" in start
+    assert (
+        "cp /tmp/ansible-tmp/epoch-00001.ckpt /srv/ddp/node0/jobs/J1/output/checkpoints/epoch-00001.ckpt"
+        in start
+    )
+    assert "docker exec -d node0 /bin/bash -c" in start and "--job-dir /workspace/jobs/J1 >" in start
+    assert node.closed == 1  # the files put there are removed
+    assert said == [
+        "job J1: starting after 0 s: starting",
+        "job J1: running after 3 s: epoch 1, step 10, loss 0.5",
+        "job J1: succeeded after 9 s: epoch 2, step 20",
+    ]
+    written = json.loads(Path(tmp_path, "runs", "J1", "status.json").read_text())
+    assert written["state"] == "succeeded" and written == result["status"]
+    assert node.stops() == []
+
+
+def test_a_start_that_fails_names_the_node_and_what_went_wrong(tmp_path: Path, interrupt: Path) -> None:
+    node = FakeNode([None])
+    node.start_rc = 2
+    result, _ = follow(tmp_path, node, interrupt)
+    assert result == {"failed": True, "msg": "job J1: could not start on node0: tar: job.tar.gz: Cannot open"}
+    node.down = True
+    result, _ = follow(tmp_path, node, interrupt)
+    assert result["failed"] and "No route to host" in result["msg"]
+
+
+def test_detach_returns_once_every_rank_runs_with_the_commands_that_follow_it(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([RUNNING, RUNNING.update(ranks_running=True)])
+    result, said = follow(tmp_path, node, interrupt, detach=True)
+    assert result["detached"] is True and result["state"] == "running"
+    assert said[-4] == "job J1: detached: every rank runs; the job goes on without this controller"
+    assert said[-3:] == control.follow_commands("J1")
+    assert "-e attach=J1" in said[-3] and "-e stop=J1" in said[-1]
+    assert not Path(tmp_path, "runs", "J1", "status.json").exists()  # nothing to collect yet
+
+
+def test_detach_follows_a_job_that_ended_before_its_ranks_all_ran(tmp_path: Path, interrupt: Path) -> None:
+    failed = Status(state="failed", updated=2.0, reason="a rank exited with an error")
+    result, _ = follow(tmp_path, FakeNode([RUNNING, failed]), interrupt, detach=True)
+    assert "detached" not in result and result["state"] == "failed"
+
+
+def test_attach_starts_nothing_and_follows_the_job(tmp_path: Path, interrupt: Path) -> None:
+    node = FakeNode([RUNNING.update(nodes=["node0", "node1"]), DONE])
+    result, said = follow(tmp_path, node, interrupt, attach=True)
+    assert result["state"] == "succeeded" and node.put_files == []
+    assert not any("ddp_cluster.supervise " in command for command in node.commands)
+    assert said[0] == "job J1: attached (running, nodes node0, node1)"
+
+
+def test_attach_without_a_status_on_the_first_node_fails_saying_where_it_looked(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    result, _ = follow(tmp_path, FakeNode([None]), interrupt, attach=True)
+    assert result["failed"] is True
+    assert result["msg"].startswith("job J1: no status on node0 (/srv/ddp/node0/jobs/J1/status.json)")
+
+
+def test_ctrl_c_stops_the_job_on_every_node_with_the_reason_and_returns_its_last_word(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    stopped = Status(state="failed", updated=5.0, reason="x", interrupted="interrupted on the controller")
+    node = FakeNode([RUNNING, RUNNING, stopped])
+    reads = 0
+
+    def press(command: str) -> None:
+        nonlocal reads
+        reads += command.startswith("cat ")
+        if reads == 2:
+            interrupt.touch()
+
+    node.on_command = press
+    result, said = follow(tmp_path, node, interrupt)
+    assert "job J1: interrupted (Ctrl-C): stopping it on every node" in said
+    (stop,) = node.stops()
+    assert shlex.split(stop)[:5] == ["docker", "exec", "node0", "/bin/bash", "-c"]
+    reason = "interrupted on the controller (Ctrl-C): stopped on every node"
+    assert shlex.split(stop)[-1] == node_jobs.command("/workspace/jobs", "J1", reason)
+    assert result["state"] == "failed" and result["status"]["interrupted"]
+
+
+def test_the_interrupt_file_is_cleared_when_the_wait_starts(tmp_path: Path, interrupt: Path) -> None:
+    interrupt.touch()  # left by an earlier playbook of the same pid
+    result, _ = follow(tmp_path, FakeNode([DONE]), interrupt)
+    assert result["state"] == "succeeded" and not interrupt.exists()
+
+
+def test_a_job_past_the_controllers_bound_is_stopped_without_a_reason(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    running = [RUNNING.update(updated=float(n)) for n in range(400)]  # the supervisor keeps writing
+    node = FakeNode(running)
+    result, said = follow(tmp_path, node, interrupt, timeout=60, poll=1)
+    assert "job J1: still running after the 150 s bound: stopping it" in said
+    (stop,) = node.stops()
+    assert shlex.split(stop)[-1] == node_jobs.command("/workspace/jobs", "J1", "")
+    assert shlex.split(stop)[-1].endswith("--stop J1 --reason ''")
+    assert result["state"] == "failed" and result["status"]["reason"] == "the supervisor did not end the job"
+
+
+def test_a_silent_first_node_whose_container_is_gone_fails_the_job_naming_it(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([RUNNING], running=False)  # the same status, never rewritten
+    result, said = follow(tmp_path, node, interrupt)
+    assert "job J1: the first node node0 is gone, and the supervisor with it" in said
+    status = result["status"]
+    assert (
+        status["state"] == "failed" and status["failed_node"] == "node0" and status["lost_nodes"] == ["node0"]
+    )
+    assert "train.yml -e resume=true -e resume_from=J1" in status["reason"]
+    assert node.stops() == []
+
+
+def test_a_silent_first_node_whose_container_runs_is_waited_for(tmp_path: Path, interrupt: Path) -> None:
+    node = FakeNode([RUNNING] * 30 + [DONE])  # a slow supervisor, its node alive
+    result, _ = follow(tmp_path, node, interrupt)
+    assert result["state"] == "succeeded"
+    assert any(command.startswith("docker inspect") for command in node.commands)
+
+
+def test_a_first_node_whose_server_does_not_answer_is_gone(tmp_path: Path, interrupt: Path) -> None:
+    node = FakeNode([RUNNING])
+    reads = 0
+
+    def die(command: str) -> None:
+        nonlocal reads
+        reads += command.startswith("cat ")
+        node.down = reads > 2
+
+    node.on_command = die
+    result, _ = follow(tmp_path, node, interrupt)
+    assert result["status"]["failed_node"] == "node0" and result["state"] == "failed"
+
+
+def test_restarts_are_said_once_as_they_come(tmp_path: Path, interrupt: Path) -> None:
+    record = {
+        "restart": 1,
+        "cause": "node node1 stopped answering",
+        "lost": ["node1"],
+        "nodes_after": ["node0"],
+    }
+    restarted = RUNNING.update(restarts=[record], updated=3.0)
+    node = FakeNode([RUNNING, restarted, restarted.update(updated=4.0), DONE.update(restarts=[record])])
+    _, said = follow(tmp_path, node, interrupt)
+    assert [line for line in said if "restart 1" in line] == [
+        "job J1: restart 1: node node1 stopped answering; lost node1; on node0"
+    ]
+
+
+def test_the_interrupt_file_is_named_after_the_playbooks_pid_in_the_temporary_folder() -> None:
+    assert interrupt_file(1234) == Path(tempfile.gettempdir(), "ddp-cluster-interrupt.1234")
+    assert interrupt_file(1234) != interrupt_file(1235)
+
+
+# --- attach's plan ---
+
+
+def test_attach_reads_the_plan_of_an_earlier_run(tmp_path: Path) -> None:
+    (tmp_path / "J1").mkdir()
+    (tmp_path / "J1" / "plan.json").write_text(json.dumps({"kind": "train", "id": "J1", "detach": True}))
+    assert attach_plan(tmp_path, "J1") == {"kind": "train", "id": "J1", "detach": False, "attach": True}
+    (tmp_path / "G1").mkdir()
+    (tmp_path / "G1" / "plan.json").write_text(json.dumps({"kind": "preflight", "label": "health gate"}))
+    with pytest.raises(AttachError, match="attach=G1 is a health gate, not a job"):
+        attach_plan(tmp_path, "G1")
+    with pytest.raises(AttachError, match=r"attach=J9: this controller has no plan of that job .*jobs.yml"):
+        attach_plan(tmp_path, "J9")
+
+
+# --- the start's commands, run here ---
+
+
+def test_the_start_puts_the_files_in_place_and_starts_the_supervisor_in_the_container(tmp_path: Path) -> None:
+    """The local transport runs the start's commands on this machine; a ``docker`` stand-in on PATH records
+    what it was asked (the supervisor's start, detached, in node0)."""
+    bundle = tmp_path / "job.tar.gz"
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    with tarfile.open(bundle, "w:gz") as tar:
+        tar.add(script, arcname="train.py")
+    checkpoint = tmp_path / "epoch-00002.ckpt"
+    checkpoint.write_bytes(b"DDPCKPT1")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/docker-args\n')
+    docker.chmod(docker.stat().st_mode | stat.S_IXUSR)
+    host_dir = tmp_path / "srv" / "jobs" / "J1"
+    job = plan(
+        tmp_path, host_dirs={"node0": str(host_dir)}, bundle=str(bundle), resume_checkpoint=str(checkpoint)
+    )
+    transport = Local()
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{bin_dir}:{path}"
+    try:
+        error = JobControl(job, "node0", transport, print, tmp_path / "interrupt").start()
+    finally:
+        os.environ["PATH"] = path
+    assert error == ""
+    assert (host_dir / "train.py").read_text() == "print('hi')\n"
+    assert (host_dir / "output" / "checkpoints" / "epoch-00002.ckpt").read_bytes() == b"DDPCKPT1"
+    args = (tmp_path / "docker-args").read_text().splitlines()
+    assert args[:4] == ["exec", "-d", "node0", "/bin/bash"]
+    assert "exec python -m ddp_cluster.supervise --job-dir /workspace/jobs/J1 >" in args[-1]
+    assert transport._folder is None  # its temporary copies are gone
+
+
+def test_in_container_quotes_the_command_for_docker_exec() -> None:
+    assert in_container("node 0", "echo 'a b'") == "docker exec 'node 0' /bin/sh -c 'echo '\"'\"'a b'\"'\"''"
+    done = subprocess.run(
+        ["sh", "-c", in_container("n", "echo hi").replace("docker exec n ", "")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout == "hi\n"
