@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import re
 import string
 import time
 from collections.abc import Mapping, Sequence
@@ -46,6 +45,7 @@ from ddp_cluster.job.request import (
     whole_number,
     with_defaults,
 )
+from ddp_cluster.runtime import checkpoint_names
 
 # What the playbooks' action and the report import from here.
 __all__ = [
@@ -186,8 +186,8 @@ def find_checkpoint(runs_dir: Path, resume_from: str) -> str:
     """The newest checkpoint fetched under ``runs_dir`` (of run ``resume_from`` when given), or ''."""
     found = [
         path
-        for path in runs_dir.glob("**/checkpoints/epoch-*.ckpt")
-        if re.fullmatch(r"epoch-[0-9]+([.]step-[0-9]+)?[.]ckpt", path.name)
+        for path in runs_dir.glob(f"**/{checkpoint_names.FOLDER}/epoch-*.ckpt")
+        if checkpoint_names.is_checkpoint(path.name)
         and (not resume_from or path.parent.parent.name == resume_from)
     ]
     return str(max(found, key=lambda path: path.stat().st_mtime)) if found else ""
@@ -400,37 +400,33 @@ def make_plan(
     job_dir = f"{records[nodes[0]].container_workspace}/jobs/{spec_id}"
     checkpoint = "" if gate else asked.checkpoint
     script_path = asked.script_path
-    fields: dict[str, Any] = {
+    # A setting of the role that is a field of the spec by the same name (launcher, device, poll, ...) reaches
+    # it as it is; what the plan makes or reads of the others follows.
+    carried = {name: value for name, value in request.items() if name in job.JobSpec.__dataclass_fields__}
+    made: dict[str, Any] = {
         "id": spec_id,
         "job_dir": job_dir,
         "nodes": nodes,
-        "nproc_per_node": request.get("nproc_per_node"),
-        "launcher": request["launcher"],
-        "device": request.get("device"),
         "networks": networks,
         "timeout": float(str(request["health_timeout"])) if gate else asked.timeout,
         "kind": kind,
         "accelerator": inventory.accelerator,
-        "hccl_init": request.get("hccl_init"),
         "script": ""
         if gate
         else (asked.script if asked.project else script_path.name if script_path else ""),
         "workdir": bool(asked.project) and not gate,
         "script_args": asked.gate_args if gate else split_args(request["script_args"]),
         "resume": bool(checkpoint),
-        "master_port": request.get("master_port"),
         "launcher_ports": str(request.get("launcher_ports") or ""),
         "env": request["env"] or {},
         "mpirun_args": list(request["mpirun_args"] or []),
-        "poll": request["poll"],
         "max_restarts": 0 if gate else asked.max_restarts,
         "min_nodes": 0 if gate else asked.min_nodes,
         "spares": spares,
         "resume_from": f"{job_dir}/output/checkpoints/{Path(checkpoint).name}" if checkpoint else "",
     }
     try:
-        # A cluster setting the request lacks (a role run without the cluster role): the spec's default.
-        spec = job.JobSpec.from_dict({name: value for name, value in fields.items() if value is not None})
+        spec = job.JobSpec.from_dict(carried | made)
     except job.JobSpecError as error:
         raise PlanError([f"the job cannot be planned: {error}"]) from None
     rank_table, ping, nproc = "", {}, spec.nproc_per_node

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +46,27 @@ class JobSpecError(DdpClusterError, ValueError):
     """A field of the job that cannot be used; the message names it."""
 
 
+def _bounds(minimum: float, maximum: float | None = None, exclusive: bool = False) -> dict[str, Any]:
+    """A number field's range (``exclusive``: above ``minimum``, not at it), as field metadata."""
+    return {"bounds": {"minimum": minimum, "maximum": maximum, "exclusive": exclusive}}
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    """One job: where it runs, what it runs, and its bounds."""
+    """One job: where it runs, what it runs, and its bounds.
+
+    Each field is declared once, here: :meth:`from_dict` checks it by its type (a string, a whole number or a
+    number within its ``_bounds``, true or false, a list of strings, a mapping), defaults it to the default
+    written here, and requires the fields that have none."""
 
     id: str
     job_dir: str  # the job's directory in the nodes' containers (/workspace/jobs/<id>)
-    nodes: tuple[str, ...]
-    nproc_per_node: int
+    nodes: tuple[str, ...] = field(metadata={"non_empty": True})
+    nproc_per_node: int = field(metadata=_bounds(1))
     launcher: str
     device: str
     networks: tuple[str, ...]  # the nodes' cluster networks (CIDR): mpirun keeps to them
-    timeout: float
+    timeout: float = field(metadata=_bounds(0, exclusive=True))
     kind: str = "train"
     accelerator: str = "cpu"
     hccl_init: str = "rank_table"
@@ -65,18 +74,20 @@ class JobSpec:
     workdir: bool = False  # the project directory, unpacked in JOB/workdir, is the ranks' working directory
     script_args: tuple[str, ...] = ()
     resume: bool = False
-    master_port: int = DEFAULT_MASTER_PORT
+    master_port: int = field(default=DEFAULT_MASTER_PORT, metadata=_bounds(1, 65535))
     launcher_ports: str = ""
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # variable name -> value
     mpirun_args: tuple[str, ...] = ()
-    poll: float = 0.5
+    poll: float = field(default=0.5, metadata=_bounds(0, exclusive=True))
     # Recovery (the supervisor's, on the cluster): restarts after a curable failure, the fewest nodes to go on
     # with, the inventory's nodes beyond the job's to take one from, and what an npu rank table is made from.
-    max_restarts: int = 0
-    min_nodes: int = 0  # 0: every node of the job (a lost node must be replaced by a spare)
+    max_restarts: int = field(default=0, metadata=_bounds(0))
+    # 0: every node of the job (a lost node must be replaced by a spare)
+    min_nodes: int = field(default=0, metadata=_bounds(0))
     spares: tuple[str, ...] = ()
     recovery: Mapping[str, Any] = field(default_factory=dict)  # npu: {"npu_plan": ..., "visible": {...}}
-    restart: int = 0  # this attempt's number (0: the first start), set by the supervisor
+    # this attempt's number (0: the first start), set by the supervisor
+    restart: int = field(default=0, metadata=_bounds(0))
     resume_from: str = ""  # the checkpoint this attempt resumes from, in the job's directory
 
     # --- checking ----------------------------------------------------------------------------------------
@@ -90,42 +101,10 @@ class JobSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise JobSpecError(f"unknown field(s) {', '.join(unknown)}: a job has {', '.join(sorted(known))}")
-        # The fields' defaults are the dataclass's (one declaration); a field without one is required.
-        default = {item.name: item.default for item in fields(cls) if item.default is not MISSING}
-        required = [item.name for item in fields(cls) if MISSING is item.default is item.default_factory]
-        for name in required:
-            if name not in data:
-                raise JobSpecError(f"{name} is missing")
-        spec = cls(
-            id=_text(data, "id"),
-            job_dir=_text(data, "job_dir"),
-            nodes=_texts(data, "nodes"),
-            nproc_per_node=_number(data, "nproc_per_node", int, minimum=1),
-            launcher=_text(data, "launcher"),
-            device=_text(data, "device"),
-            networks=_texts(data, "networks", allow_empty=True),
-            timeout=_number(data, "timeout", float, minimum=0, exclusive=True),
-            kind=_text(data, "kind", default["kind"]),
-            accelerator=_text(data, "accelerator", default["accelerator"]),
-            hccl_init=_text(data, "hccl_init", default["hccl_init"]),
-            script=_text(data, "script", default["script"]),
-            workdir=_flag(data, "workdir"),
-            script_args=_texts(data, "script_args", allow_empty=True),
-            resume=_flag(data, "resume"),
-            master_port=_number(
-                data, "master_port", int, minimum=1, maximum=65535, default=default["master_port"]
-            ),
-            launcher_ports=_text(data, "launcher_ports", default["launcher_ports"]),
-            env=_env(data),
-            mpirun_args=_texts(data, "mpirun_args", allow_empty=True),
-            poll=_number(data, "poll", float, minimum=0, exclusive=True, default=default["poll"]),
-            max_restarts=_number(data, "max_restarts", int, minimum=0, default=default["max_restarts"]),
-            min_nodes=_number(data, "min_nodes", int, minimum=0, default=default["min_nodes"]),
-            spares=_texts(data, "spares", allow_empty=True),
-            recovery=_mapping(data, "recovery"),
-            restart=_number(data, "restart", int, minimum=0, default=default["restart"]),
-            resume_from=_text(data, "resume_from", default["resume_from"]),
-        )
+        for item in fields(cls):
+            if item.name not in data and MISSING is item.default is item.default_factory:
+                raise JobSpecError(f"{item.name} is missing")
+        spec = cls(**{item.name: _read(data, item) for item in fields(cls)})
         spec.check()
         return spec
 
@@ -304,6 +283,25 @@ def load(path: Path) -> JobSpec:
         raise JobSpecError(f"{path}: {error}") from error
 
 
+def _read(data: Mapping[str, Any], item: Field[Any]) -> Any:
+    """The value of field ``item`` in ``data``, checked by the field's type (its default when absent)."""
+    default = None if item.default is MISSING else item.default
+    if item.type == "str":
+        return _text(data, item.name, default)
+    if item.type in ("int", "float"):
+        kind = int if item.type == "int" else float
+        return _number(data, item.name, kind, default=default, **item.metadata["bounds"])
+    if item.type == "bool":
+        return _flag(data, item.name)
+    if item.type == "tuple[str, ...]":
+        return _texts(data, item.name, allow_empty=not item.metadata.get("non_empty"))
+    if item.type == "Mapping[str, str]":
+        return _env(data, item.name)
+    if item.type == "Mapping[str, Any]":
+        return _mapping(data, item.name)
+    raise TypeError(f"JobSpec.{item.name}: no check for a field of type {item.type}")
+
+
 def _text(data: Mapping[str, Any], name: str, default: str | None = None) -> str:
     value = data.get(name, default)
     if not isinstance(value, str) or (default is None and not value):
@@ -366,11 +364,11 @@ def _mapping(data: Mapping[str, Any], name: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _env(data: Mapping[str, Any]) -> dict[str, str]:
-    value = data.get("env") or {}
+def _env(data: Mapping[str, Any], name: str) -> dict[str, str]:
+    value = data.get(name) or {}
     if not isinstance(value, Mapping):
-        raise JobSpecError(f"env={value!r} must map variable names to values")
-    for name in value:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
-            raise JobSpecError(f"env: {name!r} is not a variable name")
-    return {str(name): str(item) for name, item in value.items()}
+        raise JobSpecError(f"{name}={value!r} must map variable names to values")
+    for variable in value:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(variable)):
+            raise JobSpecError(f"{name}: {variable!r} is not a variable name")
+    return {str(variable): str(item) for variable, item in value.items()}
