@@ -71,7 +71,7 @@ def test_openmpi_variables_are_read_and_master_comes_from_the_environment() -> N
 def test_slurm_variables_are_read_and_master_is_the_first_node() -> None:
     env = resolve(SLURM)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank) == (3, 4, 1, 2, 1)
-    assert (env.master_addr, env.master_port, env.launcher) == ("gpu07", 29501, "slurm")
+    assert (env.master_addr, env.master_port, env.launcher) == ("gpu07", DEFAULT_MASTER_PORT, "slurm")
 
 
 def test_slurm_prefers_master_addr_and_ntasks_per_node() -> None:
@@ -94,7 +94,7 @@ def test_slurm_falls_back_to_the_launch_node_without_a_node_list() -> None:
 def test_no_launcher_is_a_world_of_one() -> None:
     env = resolve({})
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.node_rank) == (0, 1, 0, 1, 0)
-    assert (env.master_addr, env.master_port, env.launcher) == ("127.0.0.1", 29501, "single")
+    assert (env.master_addr, env.master_port, env.launcher) == ("127.0.0.1", DEFAULT_MASTER_PORT, "single")
 
 
 def test_torchrun_wins_over_openmpi_and_slurm() -> None:

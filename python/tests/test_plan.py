@@ -1,6 +1,5 @@
 """ddp_cluster.job.plan: the request and the inventory's records to a JobSpec, its paths and files; every
-refusal
-names the variable a user sets. The launcher's command line is checked through the plan, as train.yml makes
+refusal names the variable a user sets. The launcher's command line is checked through the plan, as train.yml makes
 it."""
 
 from __future__ import annotations
@@ -365,3 +364,19 @@ def test_argument_specs_hold_the_jobspecs_choices() -> None:
     fields = set(job.JobSpec.__dataclass_fields__) - derived
     assert {f"ddp_job_{name}" for name in fields} <= set(OPTIONS), fields - {n[8:] for n in OPTIONS}
     assert {"ddp_job_id", "ddp_job_nodes", "ddp_job_workdir", "ddp_job_resume"} <= set(OPTIONS)
+
+
+def test_what_the_request_leaves_out_takes_the_default_argument_specs_states(tmp_path: Path) -> None:
+    cluster = {"nproc_per_node": 2, "device": "cpu", "hccl_init": "rank_table", "master_port": 29501}
+    made = plan.make_plan({"nodes": "2", "id": "j1", **cluster}, OPTIONS, inventory(tmp_path))
+    default = {name.removeprefix("ddp_job_"): spec.get("default") for name, spec in OPTIONS.items()}
+    assert (made.spec.launcher, made.spec.timeout, made.spec.poll) == (
+        default["launcher"],
+        default["timeout"],
+        default["poll"],
+    )
+    assert (made.collect_timeout, made.spec.max_restarts, made.run_dir) == (
+        default["collect_timeout"],
+        default["max_restarts"],
+        str(tmp_path / default["runs_dir"] / "j1"),
+    )

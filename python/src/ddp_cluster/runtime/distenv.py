@@ -10,8 +10,9 @@ One function, :func:`resolve_dist_env`, reads whichever launcher started this pr
    SLURM_NODEID; the master is MASTER_ADDR when set, else the first host of the step's node list.
 4. none of these: a single process (world size 1).
 
-MASTER_PORT defaults to 29501 (the cluster's ``cluster_master_port``). Every missing or inconsistent value
-raises :class:`~ddp_cluster.errors.DistEnvError` naming the variable and its value. No torch import here.
+MASTER_PORT defaults to :data:`DEFAULT_MASTER_PORT`, the cluster's ``cluster_master_port``. Every missing or
+inconsistent value raises :class:`~ddp_cluster.errors.DistEnvError` naming the variable and its value. No
+torch import here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 
 from ddp_cluster.errors import DistEnvError
 
+# The default of cluster_master_port (roles/cluster/meta/argument_specs.yml; tests/unit/test_settings.py holds
+# them equal), and of a job spec's master_port.
 DEFAULT_MASTER_PORT = 29501
 SINGLE_PROCESS_MASTER_ADDR = "127.0.0.1"
 
