@@ -1,6 +1,6 @@
 """ddp_cluster.job.plan: the request and the inventory's records to a JobSpec, its paths and files; every
-refusal names the variable a user sets. The launcher's command line is checked through the plan, as train.yml makes
-it."""
+refusal names the variable a user sets. The launcher's command line is checked through the plan, as train.yml
+makes it."""
 
 from __future__ import annotations
 
