@@ -385,3 +385,31 @@ def test_no_job_on_the_nodes() -> None:
     assert lines[1] == "(no job on these nodes)"
     assert lines[2:] == ["", "n0: free", "n1: free", f"n2: down ({'x' * 120})"]
     assert jobs.table({}) == [lines[0], "(no job on these nodes)", ""]
+
+
+def test_the_jobs_processes_left_here_are_stopped_by_the_supervisors_own_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank of J1 still runs here and no supervisor answers for it: after RANKS_WAIT it is stopped (one
+    TERM sweep, a grace, a KILL sweep: ddp_cluster.supervisor.remote.Mesh.sweep); J2's rank is left alone."""
+    root = tmp_path / "jobs"
+    write_job(root, "J1", Status(state="running", updated=5.0), 5, ["n0"])
+    ranks = {
+        job: subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)", "--output-dir", f"{root}/{job}/output"]
+        )
+        for job in ("J1", "J2")
+    }
+    try:
+        deadline = time.monotonic() + 10
+        while set(jobs.running(str(root))[0]) != {"J1", "J2"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        monkeypatch.setattr(jobs, "RANKS_WAIT", 0.5)
+        done = jobs.stop_here(str(root), "J1", "stopped with jobs.yml -e stop=J1")
+        assert done == {"job": "J1", "supervisor": False, "left": True, "closed": True}
+        assert ranks["J1"].wait(timeout=10) == -15  # SIGTERM, from the sweep
+        assert ranks["J2"].poll() is None
+    finally:
+        for rank in ranks.values():
+            rank.kill()
+            rank.wait()

@@ -100,6 +100,20 @@ def test_the_bundle_left_out_is_the_one_the_plan_ships() -> None:
     assert pack.BUNDLE == job.BUNDLE_FILE  # pack.py ships alone to the servers, so it spells the name out
 
 
+def test_the_checkpoints_packed_are_the_ones_the_ranks_write() -> None:
+    """pack.py spells the checkpoints' names as a glob (it ships alone): every name a rank writes matches it,
+    in the folder a rank writes them to."""
+    import fnmatch
+    import os
+
+    from ddp_cluster.runtime import checkpoint_names as names
+    from ddp_cluster.server import pack
+
+    assert os.path.join("output", names.FOLDER) == pack.CHECKPOINTS
+    for epoch, step in [(0, 4), (3, None), (3, 150), (99999, 999999999)]:
+        assert fnmatch.fnmatch(names.checkpoint_name(epoch, step), pack.CHECKPOINT)
+
+
 @pytest.mark.parametrize(
     ("names", "newest"),
     [

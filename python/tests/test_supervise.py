@@ -167,3 +167,34 @@ def test_a_job_file_that_cannot_be_used_is_refused_naming_the_field(tmp_path: Pa
     with pytest.raises(SystemExit):
         parse_args(["--job-dir", str(tmp_path)])
     assert "nproc_per_node=0 must be at least 1" in capsys.readouterr().err
+
+
+# --- the nodes as the supervisor reaches them: this one, by a shell ---
+
+
+def test_this_node_counts_lists_and_sweeps_the_jobs_processes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ddp_cluster.supervisor.remote import Mesh
+
+    tag = f"{tmp_path}/jobs/j1/"
+    mesh = Mesh(socket.gethostname())
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--output-dir", f"{tag}output"]
+    )
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            deadline = time.monotonic() + 10
+            while mesh.counts([mesh.me], tag, pool)[mesh.me] < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert mesh.counts([mesh.me], tag, pool) == {mesh.me: 1}  # not the pgrep itself
+            assert f"{tag}output" in mesh.leftover([mesh.me], tag, pool)[mesh.me]
+            assert mesh.probe(mesh.me) == "up"
+            mesh.sweep([mesh.me], tag, pool, grace=0.1)
+            assert rank.wait(timeout=10) == -15
+            assert mesh.leftover([mesh.me], tag, pool) == {}
+    finally:
+        rank.kill()
+        rank.wait()

@@ -1,5 +1,5 @@
-"""Pack a node's job directory into one archive for the controller to fetch: the job's results,
-whatever its end.
+"""Pack a node's job directory into one archive for the controller to fetch: the job's results, whatever its
+end.
 
 One module for the ``ddp_job`` role's Ansible module ``ddp_job_pack`` (which ships this file to the servers
 as module_utils, so it uses the standard library only and runs on Python 3.8, the oldest a server may have)
@@ -24,11 +24,9 @@ import tarfile
 import tempfile
 
 CHECKPOINTS = os.path.join("output", "checkpoints")
-# Both names of ddp_cluster.runtime.checkpoint, epoch-NNNNN.ckpt and
-# epoch-NNNNN.step-SSSSSSSSS.ckpt,
-# zero-padded so
-# that they sort by name in training order:
-# epoch-00003.ckpt < epoch-00003.step-000000150.ckpt < epoch-00004.ckpt.
+# Both names of ddp_cluster.runtime.checkpoint_names (this file ships alone: it imports nothing of the
+# package), epoch-NNNNN.ckpt and epoch-NNNNN.step-SSSSSSSSS.ckpt, zero-padded so that they sort by name in
+# training order: epoch-00003.ckpt < epoch-00003.step-000000150.ckpt < epoch-00004.ckpt.
 CHECKPOINT = "epoch-*.ckpt"
 # The job's files as the controller sent them (the project is kept in runs/<job-id>/workdir.tar.gz already):
 # ddp_cluster.job.spec.BUNDLE_FILE, spelled out here because this file ships alone to the servers.

@@ -1,0 +1,122 @@
+"""How the controller reaches a node (ddp_cluster.job.transport): the transport on an Ansible action's
+connection (a stand-in action here: no Ansible), the local one, and the node's jobs asked through either
+(ddp_cluster.job.node_jobs: the command, its answer, a node that does not answer). No container."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddp_cluster.job import node_jobs
+from ddp_cluster.job.transport import ActionTransport, Done, Local, Unreachable
+
+
+class ConnectionFailed(Exception):
+    """Stands in for Ansible's AnsibleError."""
+
+
+class FakeAction:
+    """The four methods of Ansible's ActionBase that the transport uses."""
+
+    def __init__(self, stdout: str = "", rc: int = 0, fail: bool = False) -> None:
+        self.stdout, self.rc, self.fail = stdout, rc, fail
+        self.commands: list[str] = []
+        self.transferred: list[tuple[str, str]] = []
+        self.removed: list[str] = []
+
+    def _low_level_execute_command(self, command: str) -> dict[str, Any]:
+        self.commands.append(command)
+        if self.fail:
+            raise ConnectionFailed("Failed to connect to the host via ssh: No route to host")
+        return {"rc": self.rc, "stdout": self.stdout, "stderr": "oops\n" if self.rc else ""}
+
+    def _make_tmp_path(self) -> str:
+        return "/home/u/.ansible/tmp/ansible-tmp-1/"
+
+    def _transfer_file(self, local: str, remote: str) -> str:
+        self.transferred.append((local, remote))
+        return remote
+
+    def _remove_tmp_path(self, tmp: str) -> None:
+        self.removed.append(tmp)
+
+
+def test_the_action_transport_runs_puts_and_cleans_up_once() -> None:
+    action = FakeAction(stdout="hi\n")
+    transport = ActionTransport(action, (ConnectionFailed,))
+    assert transport.run("echo hi") == Done(0, "hi\n", "")
+    assert transport.put("/runs/J1/job.tar.gz") == "/home/u/.ansible/tmp/ansible-tmp-1/job.tar.gz"
+    assert transport.put("/runs/J0/epoch-00001.ckpt") == "/home/u/.ansible/tmp/ansible-tmp-1/epoch-00001.ckpt"
+    transport.close()
+    transport.close()
+    assert action.removed == ["/home/u/.ansible/tmp/ansible-tmp-1/"]
+
+
+def test_a_connection_that_fails_is_unreachable_only_where_the_action_says_so() -> None:
+    with pytest.raises(Unreachable, match="No route to host"):
+        ActionTransport(FakeAction(fail=True), (ConnectionFailed,)).run("true")
+    with pytest.raises(ConnectionFailed):  # the task fails, as Ansible makes it
+        ActionTransport(FakeAction(fail=True), ()).run("true")
+
+
+def test_what_went_wrong_is_the_end_of_stderr_else_stdout_else_the_status() -> None:
+    assert Done(1, "out", "err\n").said() == "err"
+    assert Done(1, "out\n", "").said() == "out"
+    assert Done(3).said() == "rc 3"
+    assert Done(1, "", "x" * 600).said() == "x" * 500
+
+
+def test_the_local_transport_runs_here_and_removes_what_it_put(tmp_path: Path) -> None:
+    source = tmp_path / "job.tar.gz"
+    source.write_bytes(b"bundle")
+    transport = Local()
+    copy = Path(transport.put(str(source)))
+    assert copy.read_bytes() == b"bundle" and copy != source
+    assert transport.run(f"cat {shlex.quote(str(copy))}; exit 3") == Done(3, "bundle", "")
+    transport.close()
+    assert not copy.exists() and source.exists()
+
+
+# --- the node's jobs ---
+
+
+def test_the_command_asks_the_nodes_own_module_and_stops_with_or_without_a_reason() -> None:
+    assert node_jobs.command("/workspace/jobs") == (
+        ". /etc/ddp-cluster/env.sh && python -m ddp_cluster.supervisor.jobs --jobs-dir /workspace/jobs"
+    )
+    stop = node_jobs.command("/w s/jobs", "J1", "Ctrl-C on the controller")
+    assert shlex.split(stop)[-6:] == [
+        "--jobs-dir",
+        "/w s/jobs",
+        "--stop",
+        "J1",
+        "--reason",
+        "Ctrl-C on the controller",
+    ]
+    assert shlex.split(node_jobs.command("/w/jobs", "J1", ""))[-2:] == ["--reason", ""]
+    assert node_jobs.jobs_dir("/workspace/jobs/J1/") == "/workspace/jobs"
+
+
+def test_the_answer_is_the_last_json_line() -> None:
+    assert node_jobs.parse('warning: x\n{"busy": ["J1"]}\n') == {"busy": ["J1"]}
+    assert node_jobs.parse("Traceback (most recent call last):\n  ...\n") is None
+    assert node_jobs.parse("{not json\n") is None
+    assert node_jobs.parse("[1, 2]\n") is None
+
+
+def test_a_node_is_asked_in_its_container_and_one_that_does_not_answer_is_down() -> None:
+    answer = {"node": "node0", "busy": [], "jobs": {}, "supervisors": {}}
+    action = FakeAction(stdout=json.dumps(answer) + "\n")
+    assert node_jobs.ask(ActionTransport(action, ()), "node0", "/workspace/jobs") == {
+        "changed": False,
+        "report": answer,
+    }
+    assert action.commands[0].startswith("docker exec node0 /bin/bash -c ")
+    stopped = node_jobs.ask(ActionTransport(action, ()), "node0", "/workspace/jobs", "J1", "why")
+    assert stopped["changed"] is True
+    down = node_jobs.ask(ActionTransport(FakeAction(rc=1), ()), "node3", "/workspace/jobs")
+    assert down == {"changed": False, "down": "its container does not answer: oops"}
