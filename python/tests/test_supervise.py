@@ -162,6 +162,21 @@ def test_the_time_bound_stops_the_launcher(tmp_path: Path) -> None:
     assert status["leftover"] == {}
 
 
+def test_a_stop_asked_from_the_controller_ends_the_job_with_its_reason(tmp_path: Path) -> None:
+    import threading
+
+    job_dir = tmp_path / "jobs" / "j1"
+    job = spec(nodes=[socket.gethostname()], job_dir=str(job_dir))
+    supervisor = Supervisor(spec=job, job_dir=job_dir, launcher=["sleep", "30"])
+    threading.Timer(1.0, supervisor.stop, ["interrupted on the controller (Ctrl-C)"]).start()
+    started = time.monotonic()
+    assert supervisor.run() == 1
+    status = json.loads((job_dir / STATUS_FILE).read_text())
+    assert status["state"] == "failed" and status["reason"] == "interrupted on the controller (Ctrl-C)"
+    assert status["interrupted"] == "interrupted on the controller (Ctrl-C)"
+    assert time.monotonic() - started < 20
+
+
 def test_a_job_file_that_cannot_be_used_is_refused_naming_the_field(tmp_path: Path, capsys: Any) -> None:
     (tmp_path / "job.json").write_text(json.dumps(spec().to_dict() | {"nproc_per_node": 0}))
     with pytest.raises(SystemExit):

@@ -252,6 +252,12 @@ class Supervisor:
         )
 
     # --- stopping ---------------------------------------------------------------------------------------
+    def stop(self, asked: str = "") -> None:
+        """End the job (the watch sees it at its next poll); ``asked``: why, when the controller asked."""
+        if asked:
+            self.stop_reason = self.interrupted = asked
+        self._stop.set()
+
     def stop_everything(self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor) -> None:
         """The launcher's process group here (TERM, then KILL), then the job's processes on every node."""
         for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -299,20 +305,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         tag=args.tag,
     )
 
-    def stop(signum: int, _frame: Any) -> None:
-        # SIGUSR1: a stop asked from the controller (Ctrl-C in train.yml, jobs.yml -e stop=ID)
-        if signum == signal.SIGUSR1:
-            supervisor.stop_reason = "the job was stopped from the controller"
+    def on_signal(signum: int, _frame: Any) -> None:
+        asked = ""
+        if signum == signal.SIGUSR1:  # a stop asked from the controller (Ctrl-C in train.yml, jobs.yml)
             reason = job_dir / STOP_REASON
-            if reason.is_file():
-                supervisor.stop_reason = (
-                    reason.read_text(errors="replace").strip()[:300] or supervisor.stop_reason
-                )
-            supervisor.interrupted = supervisor.stop_reason
-        supervisor._stop.set()
+            said = reason.read_text(errors="replace").strip()[:300] if reason.is_file() else ""
+            asked = said or "the job was stopped from the controller"
+        supervisor.stop(asked)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
-        signal.signal(sig, stop)
+        signal.signal(sig, on_signal)
     return supervisor.run()
 
 
