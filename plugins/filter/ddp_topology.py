@@ -11,23 +11,22 @@ from ansible.errors import AnsibleFilterError
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
+from ddp_cluster import accelerators
 from ddp_cluster.accelerators import topology
-
-READERS = {"npu": topology.npu_affinity, "gpu": topology.gpu_affinity}
-TOOLS = {"npu": "npu-smi info -t topo", "gpu": "nvidia-smi topo -m"}
 
 
 def ddp_cpu_binding(stdout: Any, accelerator: Any) -> str:
-    """The binding line (``0=144-167;1=144-167``) from what the accelerator's topology tool printed:
-    ``npu-smi info -t topo`` for 'npu', ``nvidia-smi topo -m`` for 'gpu'."""
-    kind = str(accelerator)
-    if kind not in READERS:
+    """The binding line (``0=144-167;1=144-167``) from what the accelerator's topology tool printed (its
+    module's ``topology_argv``: ``npu-smi info -t topo`` for 'npu', ``nvidia-smi topo -m`` for 'gpu')."""
+    kind = accelerators.REGISTRY.get(str(accelerator))
+    if kind is None or kind.affinity is None:
+        kinds = accelerators.REGISTRY.values()
+        tools = [f"{known.name}: {known.topology_tool}" for known in kinds if known.affinity]
         raise AnsibleFilterError(
-            f"ddp_cpu_binding: accelerator {kind!r} has no topology tool "
-            f"(npu: {TOOLS['npu']}, gpu: {TOOLS['gpu']})"
+            f"ddp_cpu_binding: accelerator {str(accelerator)!r} has no topology tool ({', '.join(tools)})"
         )
     try:
-        return topology.binding_text(READERS[kind](str(stdout or "")))
+        return topology.binding_text(kind.cpu_affinity(str(stdout or "")))
     except topology.TopologyError as error:
         raise AnsibleFilterError(str(error)) from error
 

@@ -1,6 +1,6 @@
-"""CPU affinity from the vendors' topology tools (ddp_cluster.accelerators.topology): the published samples of
-npu-smi info -t topo and nvidia-smi topo -m, the binding line the ranks get, a rank's device and CPUs, and the
-test doubles' outputs read back."""
+"""CPU affinity from the vendors' topology tools (the npu and gpu modules' readers, and
+ddp_cluster.accelerators.topology): the published samples of npu-smi info -t topo and nvidia-smi topo -m, the
+binding line the ranks get, a rank's device and CPUs, and the test doubles' outputs read back."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from ddp_cluster.accelerators.gpu import gpu_affinity
+from ddp_cluster.accelerators.npu import npu_affinity
 from ddp_cluster.accelerators.topology import (
     TopologyError,
     binding_text,
     format_cpu_list,
-    gpu_affinity,
-    npu_affinity,
     parse_binding_text,
     parse_cpu_list,
     rank_cpus,
@@ -384,7 +384,7 @@ def test_the_doubles_variants_through_the_parsers(tmp_path: Path) -> None:
 def test_a_rank_binds_itself_to_its_devices_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from ddp_cluster.accelerators.topology import bind_rank
+    from ddp_cluster.accelerators.binding import bind_rank
     from ddp_cluster.errors import DeviceError
 
     before = os.sched_getaffinity(0)

@@ -167,11 +167,9 @@ def package_version() -> str:
 
 def device_count(placement: Placement) -> int | None:
     """The devices this rank sees of the job's kind (None on cpu)."""
-    if placement.kind == "cuda":
-        return int(torch.cuda.device_count())
-    if placement.kind == "npu":
-        return int(torch.npu.device_count())  # type: ignore[attr-defined]
-    return None
+    if placement.index is None:
+        return None
+    return int(getattr(torch, placement.kind).device_count())
 
 
 # What the gate sets for itself on nccl, so that NCCL says which transport it chose (into files of its own:
@@ -259,11 +257,12 @@ class Measure:
 
 
 def _synchronizer(kind: str) -> Callable[[], None]:
-    if kind == "cuda":
-        return torch.cuda.synchronize
-    if kind == "npu":
-        return torch.npu.synchronize  # type: ignore[attr-defined, no-any-return]
-    return lambda: None
+    """Waits for the device's queued work: ``torch.<device>.synchronize`` of an accelerator's kind; on cpu the
+    collectives return when done."""
+    if kind == "cpu":
+        return lambda: None
+    synchronize: Callable[[], None] = getattr(torch, kind).synchronize
+    return synchronize
 
 
 def device_interface(local_rank: int, environ: Mapping[str, str] | None = None) -> str | None:

@@ -21,19 +21,25 @@ from dataclasses import dataclass
 
 import torch
 
-from ddp_cluster.accelerators import DEVICE_BACKEND
+from ddp_cluster import accelerators
+from ddp_cluster.accelerators.binding import announce_binding as bind_and_say
 from ddp_cluster.errors import DeviceError
 from ddp_cluster.runtime.distenv import DistEnv
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
-BACKEND_CHOICES = ("auto", "gloo", "nccl", "hccl")
-# The backend that goes with each device: the job spec's table (the launcher exports it as DDP_BACKEND).
-DEFAULT_BACKEND = DEVICE_BACKEND
+# The kinds' torch device types and their backends, from the registry (each kind's module declares its own).
+DEFAULT_BACKEND = accelerators.DEVICE_BACKEND
+DEVICE_CHOICES = ("auto", *DEFAULT_BACKEND)
+BACKEND_CHOICES = (
+    "auto",
+    *dict.fromkeys(
+        backend for device in DEFAULT_BACKEND for backend in accelerators.by_device(device).backends
+    ),
+)
 # The job's device, exported by train.yml to every rank (and read by user scripts); DDP_BACKEND likewise.
 DEVICE_VARIABLE = "DDP_DEVICE"
 BACKEND_VARIABLE = "DDP_BACKEND"
 # Which backends can move tensors of which device type.
-SUPPORTED_BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo"), "npu": ("hccl",)}
+SUPPORTED_BACKENDS = {device: accelerators.by_device(device).backends for device in DEFAULT_BACKEND}
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ def detect_accelerators(probe_npu: bool) -> Accelerators:
     npu_count, npu_error = 0, None
     if probe_npu:
         try:
-            importlib.import_module("torch_npu")  # registers torch.npu
+            importlib.import_module(accelerators.by_device("npu").adapter)  # registers torch.npu
             npu_count = int(torch.npu.device_count())  # type: ignore[attr-defined]
         except Exception as error:  # torch_npu raises more than ImportError when CANN is half installed
             npu_error = f"{type(error).__name__}: {error}"
@@ -128,14 +134,13 @@ def select_placement(device: str, backend: str, env: DistEnv) -> Placement:
     """Choose the placement for this process and make its device the current one."""
     found = detect_accelerators(probe_npu=device in ("auto", "npu"))
     placement = choose_placement(device, backend, env, found)
-    if placement.kind == "cuda":
-        torch.cuda.set_device(placement.device)
-    elif placement.kind == "npu":
-        # The vendor's multi-node guide turns HCCL's trust list off; keep whatever the site chose.
-        os.environ.setdefault("HCCL_WHITELIST_DISABLE", "1")
-        torch.npu.set_device(placement.device)  # type: ignore[attr-defined]
-    else:
+    if placement.index is None:
         _share_cpu_cores(env)
+    else:
+        # The kind's own settings (HCCL's trust list off on npu), where the site chose none.
+        for name, value in accelerators.by_device(placement.kind).rank_environment.items():
+            os.environ.setdefault(name, value)
+        getattr(torch, placement.kind).set_device(placement.device)
     return placement
 
 
@@ -172,7 +177,5 @@ def _share_cpu_cores(env: DistEnv) -> None:
 
 def announce_binding(env: DistEnv) -> None:
     """Bind this rank to its device's CPUs where the node asks for it
-    (:func:`ddp_cluster.accelerators.topology.bind_rank`), and say so in its log."""
-    from ddp_cluster.accelerators import topology
-
-    topology.announce_binding(env.local_rank, where(env))
+    (:func:`ddp_cluster.accelerators.binding.bind_rank`), and say so in its log."""
+    bind_and_say(env.local_rank, where(env))

@@ -24,7 +24,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddp_cluster.accelerators.topology import announce_binding
+from ddp_cluster import accelerators
+from ddp_cluster.accelerators.binding import announce_binding
 from ddp_cluster.errors import DdpClusterError, DeviceError
 from ddp_cluster.runtime.distenv import resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
@@ -50,13 +51,14 @@ def check_job_device() -> None:
     device = environ.get("DDP_DEVICE", "").strip()
     if device in ("", "cpu", "auto"):
         return
-    # torch_npu 2.5.1 and later registers itself for torch's backend autoload: where it cannot load (a
-    # driver library missing), `import torch` itself fails without a word of why. On npu, torch is imported
-    # here without the autoload and the device check imports torch_npu itself, naming what stops it; the
-    # setting is put back after that import (torch_npu's own import turns it off and only its autoload hook
-    # turns it on again), so the script and the processes it starts see the value the rank was given.
+    # A device adapter (torch_npu 2.5.1 and later) registers itself for torch's backend autoload: where it
+    # cannot load (a driver library missing), `import torch` itself fails without a word of why. For a kind
+    # with an adapter, torch is imported here without the autoload and the device check imports the adapter
+    # itself, naming what stops it; the setting is put back after that import (torch_npu's own import turns it
+    # off and only its autoload hook turns it on again), so the script and the processes it starts see the
+    # value the rank was given.
     autoload = environ.get(TORCH_AUTOLOAD)
-    if device == "npu":
+    if device in accelerators.DEVICE_BACKEND and accelerators.by_device(device).adapter:
         environ[TORCH_AUTOLOAD] = "0"
     try:
         from ddp_cluster.runtime.device import require_device, where  # torch is needed from here on

@@ -1,0 +1,74 @@
+"""NVIDIA GPUs: torch's cuda device and NCCL, ``CUDA_VISIBLE_DEVICES``, InfiniBand passed through,
+``nvidia-smi topo -m``, and the host role gpu_host.
+
+``nvidia-smi topo -m`` prints a tab-separated matrix: rows ``GPU0`` and ``NIC0``, the self cell `` X ``, then
+the ``CPU Affinity`` (``48-63,176-191``), ``NUMA Affinity`` and, on newer drivers, ``GPU NUMA ID`` columns;
+the header may be underlined with ANSI escapes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ddp_cluster.accelerators.base import Accelerator, TopologyError
+from ddp_cluster.accelerators.topology import AFFINITY, checked_affinity
+
+TOPOLOGY_ARGV = ("nvidia-smi", "topo", "-m")
+TOPOLOGY_TOOL = " ".join(TOPOLOGY_ARGV)
+GPU_LABEL = re.compile(r"GPU(\d+)")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _cells(line: str) -> list[str]:
+    """A ``nvidia-smi topo -m`` line's cells: tab-separated as printed; split on runs of spaces when the tabs
+    were lost on the way (the multi-word column names kept whole)."""
+    if "\t" in line:
+        return [cell.strip() for cell in line.split("\t")]
+    for name in (AFFINITY, "NUMA Affinity", "GPU NUMA ID"):
+        line = line.replace(name, name.replace(" ", "\0"))
+    cells = [cell.replace("\0", " ") for cell in line.split()]
+    return ["", *cells] if line[:1].isspace() else cells
+
+
+def gpu_affinity(text: str) -> dict[int, str]:
+    """{GPU index: its ``CPU Affinity`` text} from ``nvidia-smi topo -m``: GPU rows only, the column found by
+    its header name, ANSI escapes ignored."""
+    tool = TOPOLOGY_TOOL
+    lines = ANSI_ESCAPE.sub("", str(text or "")).splitlines()
+    header = next((_cells(line) for line in lines if AFFINITY in line), None)
+    if header is None:
+        raise TopologyError(
+            f"{tool} printed no header with a {AFFINITY} column: {str(text or '').strip()[:200]!r}"
+        )
+    column = header.index(AFFINITY)
+    found: dict[int, str] = {}
+    for line in lines:
+        cells = _cells(line)
+        match = GPU_LABEL.fullmatch(cells[0]) if cells else None
+        if match is None:
+            continue
+        device = int(match.group(1))
+        value = cells[column] if len(cells) > column else ""
+        if value in ("", "N/A"):
+            raise TopologyError(
+                f"{tool} gives no CPU affinity for GPU{device} ({value or 'empty'}; the driver knows no "
+                "NUMA node for it, as in many virtual machines): set cluster_cpu_binding: none"
+            )
+        found[device] = checked_affinity(tool, f"GPU{device}", value)
+    if not found:
+        raise TopologyError(f"{tool} printed no GPU rows (GPU0 ... CPU Affinity)")
+    return found
+
+
+GPU = Accelerator(
+    name="gpu",
+    device="cuda",
+    backends=("nccl", "gloo"),
+    visible_variable="CUDA_VISIBLE_DEVICES",
+    interface_variables=("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"),
+    topology_argv=TOPOLOGY_ARGV,
+    affinity=gpu_affinity,
+    host_devices=("/dev/infiniband",),
+    shares_host_ipc=True,
+    host_roles=("gpu_host",),
+)
