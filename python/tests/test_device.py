@@ -16,13 +16,10 @@ from ddp_cluster.runtime.device import (
 )
 from ddp_cluster.runtime.distenv import DistEnv, resolve_dist_env
 
-NOTHING = Accelerators(
-    cuda_count=0, npu_count=0, npu_error="ModuleNotFoundError: No module named 'torch_npu'"
-)
-TWO_GPUS = Accelerators(
-    cuda_count=2, npu_count=0, npu_error="ModuleNotFoundError: No module named 'torch_npu'"
-)
-EIGHT_NPUS = Accelerators(cuda_count=0, npu_count=8, npu_error=None)
+NO_TORCH_NPU = {"npu": "ModuleNotFoundError: No module named 'torch_npu'"}
+NOTHING = Accelerators(counts={"cuda": 0}, errors=NO_TORCH_NPU)
+TWO_GPUS = Accelerators(counts={"cuda": 2}, errors=NO_TORCH_NPU)
+EIGHT_NPUS = Accelerators(counts={"cuda": 0, "npu": 8})
 
 
 def env_with_local_rank(local_rank: int, local_world: int = 8) -> DistEnv:
@@ -43,8 +40,8 @@ def env_with_local_rank(local_rank: int, local_world: int = 8) -> DistEnv:
         (NOTHING, Placement("cpu", None, "gloo")),
         (TWO_GPUS, Placement("cuda", 1, "nccl")),
         (EIGHT_NPUS, Placement("npu", 1, "hccl")),
-        (Accelerators(cuda_count=2, npu_count=8, npu_error=None), Placement("npu", 1, "hccl")),
-        (Accelerators(cuda_count=2, npu_count=0, npu_error=None), Placement("cuda", 1, "nccl")),
+        (Accelerators(counts={"cuda": 2, "npu": 8}), Placement("npu", 1, "hccl")),
+        (Accelerators(counts={"cuda": 2, "npu": 0}), Placement("cuda", 1, "nccl")),
     ],
 )
 def test_auto_prefers_npu_then_cuda_then_cpu(found: Accelerators, expected: Placement) -> None:
@@ -64,7 +61,7 @@ def test_npu_without_torch_npu_says_so() -> None:
 
 
 def test_npu_without_devices_says_so() -> None:
-    found = Accelerators(cuda_count=0, npu_count=0, npu_error=None)
+    found = Accelerators(counts={"cuda": 0, "npu": 0})
     with pytest.raises(DeviceError, match="no npu device is visible"):
         choose_placement("npu", "auto", env_with_local_rank(0), found)
 
@@ -99,8 +96,9 @@ def test_local_rank_beyond_visible_devices() -> None:
 def test_this_machine_detects_no_npu_and_selects_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch_npu", None)  # import fails even where torch_npu is installed
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    found = detect_accelerators(probe_npu=True)
-    assert found.npu_error is not None and "torch_npu" in found.npu_error
+    found = detect_accelerators("auto")
+    assert "torch_npu" in found.errors["npu"]
+    assert detect_accelerators("cuda").errors["npu"] == "not probed"
     placement = select_placement("auto", "auto", resolve_dist_env({}))
     assert placement == Placement("cpu", None, "gloo")
     assert str(placement.device) == "cpu" and placement.device_ids is None
@@ -110,10 +108,8 @@ def test_this_machine_detects_no_npu_and_selects_cpu(monkeypatch: pytest.MonkeyP
 
 def test_cuda_refusal_gives_torchs_reason() -> None:
     found = Accelerators(
-        cuda_count=0,
-        npu_count=0,
-        npu_error="not probed",
-        cuda_error="The NVIDIA driver on your system is too old",
+        counts={"cuda": 0},
+        errors={"npu": "not probed", "cuda": "The NVIDIA driver on your system is too old"},
     )
     with pytest.raises(
         DeviceError, match=r"no cuda device is visible.*driver on your system is too old.*-e device=cpu"

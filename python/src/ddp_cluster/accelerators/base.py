@@ -67,8 +67,11 @@ class Accelerator:
     # files that check their settings in preflight: (role, tasks file).
     host_roles: tuple[str, ...] = ()
     preflight: tuple[tuple[str, str], ...] = ()
-    # The Python module that registers the device with torch (imported before torch.<device> exists).
+    # The Python module that registers the device with torch (imported before torch.<device> exists), what it
+    # is and what to check when it does not import (a rank's message).
     adapter: str = ""
+    adapter_about: str = ""
+    adapter_fix: str = ""
     # Launchers that only this kind's adapter brings (train.yml -e launcher=...).
     launchers: tuple[str, ...] = ()
     # Variables a rank sets for itself unless the site set them.
@@ -116,6 +119,8 @@ class Accelerator:
             "host_roles": list(self.host_roles),
             "preflight": [{"role": role, "tasks": tasks} for role, tasks in self.preflight],
             "adapter": self.adapter,
+            "adapter_about": self.adapter_about,
+            "adapter_fix": self.adapter_fix,
             "launchers": list(self.launchers),
             "rank_environment": dict(self.rank_environment),
         }

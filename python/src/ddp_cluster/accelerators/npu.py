@@ -86,6 +86,8 @@ NPU = Accelerator(
     host_roles=("npu_host", "hccn_network"),
     preflight=(("npu_host", "preflight"), ("hccn_network", "tls")),
     adapter="torch_npu",
+    adapter_about="the Ascend adapter for PyTorch, with CANN",
+    adapter_fix="check the CANN base image and the driver mounts (LD_LIBRARY_PATH)",
     launchers=("torch_npu_run",),
     # The Ascend PyTorch DDP manual turns HCCL's trust list off for multi-node jobs.
     rank_environment=MappingProxyType({"HCCL_WHITELIST_DISABLE": "1"}),

@@ -1,4 +1,5 @@
-"""Device and collective backend, chosen in one place: npu -> hccl, cuda -> nccl, cpu -> gloo.
+"""Device and collective backend, chosen in one place from each kind's facts
+(:mod:`ddp_cluster.accelerators`): npu -> hccl, cuda -> nccl, cpu -> gloo.
 
 ``auto`` picks npu when torch_npu imports and sees devices, else cuda when available, else cpu. ``--device``
 and ``--backend`` override; a combination that cannot work (hccl on cpu, npu without torch_npu) is refused
@@ -17,7 +18,7 @@ import os
 import socket
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,12 +45,11 @@ SUPPORTED_BACKENDS = {device: accelerators.by_device(device).backends for device
 
 @dataclass(frozen=True)
 class Accelerators:
-    """What this process can see: device counts, and why torch_npu is unusable when it is."""
+    """What this process can see, by torch device type: how many devices, and why a kind is unusable (its
+    adapter did not import, or was not probed; or what torch warned, a driver too old for example)."""
 
-    cuda_count: int
-    npu_count: int
-    npu_error: str | None  # None when torch_npu imported
-    cuda_error: str | None = None  # why CUDA is unusable, as torch warned it (a driver too old, for example)
+    counts: Mapping[str, int] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -68,23 +68,43 @@ class Placement:
         return None if self.index is None else [self.index]
 
 
-def detect_accelerators(probe_npu: bool) -> Accelerators:
-    npu_count, npu_error = 0, None
-    if probe_npu:
-        try:
-            importlib.import_module(accelerators.by_device("npu").adapter)  # registers torch.npu
-            npu_count = int(torch.npu.device_count())  # type: ignore[attr-defined]
-        except Exception as error:  # torch_npu raises more than ImportError when CANN is half installed
-            npu_error = f"{type(error).__name__}: {error}"
-    else:
-        npu_error = "not probed"
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    cuda_error = "; ".join(str(item.message).strip() for item in caught) or None
-    return Accelerators(
-        cuda_count=cuda_count, npu_count=npu_count, npu_error=npu_error, cuda_error=cuda_error
-    )
+# --device auto takes the first of these that sees a device (the registry's order), else cpu.
+AUTO_ORDER = tuple(kind.device for kind in accelerators.REGISTRY.values() if kind.device != "cpu")
+# Where a rank's devices are listed, for messages: every kind's variable.
+VISIBLE_VARIABLES = " / ".join(
+    accelerators.by_device(device).visible_variable
+    for device in DEFAULT_BACKEND
+    if accelerators.by_device(device).visible_variable
+)
+ON_PURPOSE = "or train on cpu on purpose (train.yml -e device=cpu, or --device cpu)"
+
+
+def detect_accelerators(device: str) -> Accelerators:
+    """What this process sees for ``device`` (auto: every kind). A kind whose adapter must be imported first
+    (torch_npu) is probed only when asked for or for auto; the others always (torch knows them)."""
+    counts: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    for kind in accelerators.REGISTRY.values():
+        if kind.device == "cpu":
+            continue
+        if kind.adapter:
+            if device not in ("auto", kind.device):
+                errors[kind.device] = "not probed"
+                continue
+            try:
+                importlib.import_module(kind.adapter)  # registers torch.<device>
+                counts[kind.device] = int(getattr(torch, kind.device).device_count())
+            except Exception as error:  # an adapter raises more than ImportError when half installed
+                errors[kind.device] = f"{type(error).__name__}: {error}"
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = getattr(torch, kind.device)
+            counts[kind.device] = int(module.device_count()) if module.is_available() else 0
+        warned = "; ".join(str(item.message).strip() for item in caught)
+        if warned:
+            errors[kind.device] = warned
+    return Accelerators(counts=counts, errors=errors)
 
 
 def choose_placement(device: str, backend: str, env: DistEnv, found: Accelerators) -> Placement:
@@ -95,28 +115,20 @@ def choose_placement(device: str, backend: str, env: DistEnv, found: Accelerator
         raise DeviceError(f"--backend {backend!r} is not one of {', '.join(BACKEND_CHOICES)}")
     kind = device
     if device == "auto":
-        kind = (
-            "npu"
-            if found.npu_error is None and found.npu_count > 0
-            else "cuda"
-            if found.cuda_count
-            else "cpu"
-        )
-    if kind == "npu" and found.npu_error is not None:
+        kind = next((auto for auto in AUTO_ORDER if found.counts.get(auto, 0) > 0), "cpu")
+    accelerator = accelerators.by_device(kind)
+    error = found.errors.get(kind)
+    if accelerator.adapter and error is not None:
         raise DeviceError(
-            "device npu needs torch_npu (the Ascend adapter for PyTorch, with CANN), which did not import "
-            f"({found.npu_error}): check the CANN base image and the driver mounts (LD_LIBRARY_PATH), "
-            "or train "
-            "on cpu on purpose (train.yml -e device=cpu, or --device cpu)"
+            f"device {kind} needs {accelerator.adapter} ({accelerator.adapter_about}), which did not import "
+            f"({error}): {accelerator.adapter_fix}, {ON_PURPOSE}"
         )
-    count = {"cpu": 0, "cuda": found.cuda_count, "npu": found.npu_count}[kind]
+    count = found.counts.get(kind, 0)
     if kind != "cpu" and count == 0:
-        reason = f" ({found.cuda_error})" if kind == "cuda" and found.cuda_error else ""
+        reason = f" ({error})" if error else ""
         raise DeviceError(
             f"device {kind} was asked for but no {kind} device is visible to this process{reason}: check the "
-            "driver, the container's devices and CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, "
-            "or train on "
-            "cpu on purpose (train.yml -e device=cpu, or --device cpu)"
+            f"driver, the container's devices and {VISIBLE_VARIABLES}, {ON_PURPOSE}"
         )
     chosen = DEFAULT_BACKEND[kind] if backend == "auto" else backend
     if chosen not in SUPPORTED_BACKENDS[kind]:
@@ -132,7 +144,7 @@ def choose_placement(device: str, backend: str, env: DistEnv, found: Accelerator
 
 def select_placement(device: str, backend: str, env: DistEnv) -> Placement:
     """Choose the placement for this process and make its device the current one."""
-    found = detect_accelerators(probe_npu=device in ("auto", "npu"))
+    found = detect_accelerators(device)
     placement = choose_placement(device, backend, env, found)
     if placement.index is None:
         _share_cpu_cores(env)
@@ -164,7 +176,7 @@ def where(env: DistEnv | None, environ: Mapping[str, str] | None = None) -> str:
 def require_device(device: str, env: DistEnv) -> Placement:
     """Check that this process can use ``device`` (the job's accelerator) before a script runs; DeviceError
     with the reason when it cannot. Nothing is initialised: the script picks its device itself."""
-    found = detect_accelerators(probe_npu=device in ("auto", "npu"))
+    found = detect_accelerators(device)
     return choose_placement(device, "auto", env, found)
 
 
