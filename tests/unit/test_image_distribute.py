@@ -280,3 +280,60 @@ def test_the_module_runs_through_ansible_with_the_package_as_module_utils() -> N
     )  # fmt: skip
     result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
     assert result["changed"] and result["reference"] == "h.example/ml/ddp-cluster/node:ab12", result
+
+
+SSH = r"""#!/bin/sh
+# ssh double: the source's session says what registry-source.sh says and waits for its stdin to close; each
+# receiver reads the private key from stdin and pulls, but for srv-down, which cannot reach the source.
+prev=
+for arg; do target=$prev; prev=$arg; done
+printf '%s\n' "$target" "$prev" >> "$DDP_FAKE_SSH_LOG"
+case "$prev" in
+  *ddp-registry*)
+    case "$prev" in *ddp-cluster/broken*) echo "error: docker-registry is not installed here"; exit 3 ;; esac
+    echo "pushed: 2"; echo "hostkey: ssh-ed25519 AAAAsource"; echo ready
+    cat >/dev/null; echo "served: 1234" ;;
+  *ddp-pull*)
+    grep -q "PRIVATE KEY" || exit 9
+    [ "$target" = srv-down ] && { echo "tunnel: ssh: connect to host 10.0.0.5: No route" >&2; exit 4; }
+    echo "0123456789ab: Pull complete"; echo "fedcba987654: Already exists" ;;
+esac
+"""
+
+
+def test_a_server_build_is_pulled_from_the_build_server_with_its_host_key_pinned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ssh = tmp_path / "ssh"
+    ssh.write_text(SSH)
+    ssh.chmod(0o755)
+    log = tmp_path / "ssh.log"
+    monkeypatch.setenv("DDP_FAKE_SSH_LOG", str(log))
+    servers = [{"name": name, "ssh": [str(ssh), name]} for name in ("srv1", "srv-down")]
+    given = params(servers=servers, source={"name": "src", "ssh": [str(ssh), "-p", "2222", "admin@src"]},
+                   source_address="10.0.0.9", source_script="registry", receiver_script="pull")  # fmt: skip
+    failed, report = dist.run(given, check_mode=False)
+    assert not failed and report["changed"], report
+    assert (report["reference"], report["pushed_layers"], report["bytes_served"]) == (
+        "127.0.0.1:15000/ddp-cluster/node:ab12", 2, 1234
+    )  # fmt: skip
+    assert report["servers"]["srv1"]["ok"] and report["servers"]["srv1"]["layers_pulled"] == 1
+    assert report["failed_servers"] == ["srv-down"]
+    assert (
+        "could not reach the image registry on the build server src" in report["servers"]["srv-down"]["error"]
+    )
+    receiver = next(line for line in log.read_text().splitlines() if line.startswith("sh -c pull ddp-pull"))
+    assert receiver.split()[3:9] == [
+        "ddp-pull",
+        "15000",
+        "10.0.0.9",
+        "2222",
+        "admin",
+        "127.0.0.1:15000/ddp-cluster/node:ab12",
+    ]
+    assert "'ssh-ed25519 AAAAsource'" in receiver
+    broken = dict(given, image="ddp-cluster/broken:1")
+    assert dist.run(broken, check_mode=False) == (True, {
+        "msg": "the build server src: docker-registry is not installed here",
+        "reference": "127.0.0.1:15000/ddp-cluster/broken:1", "servers": {}, "failed_servers": [],
+    })  # fmt: skip
