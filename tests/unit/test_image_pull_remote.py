@@ -5,7 +5,6 @@ and the pull's reason; a pull past the bound is stopped and named."""
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ case "$1 $2" in
   "image inspect") [ -e "$state/present-$(echo "$3" | tr '/:' '__')" ]; exit $? ;;
 esac
 [ "$1" = pull ] || exit 2
+readlink /proc/self/fd/2 >> "$state/logs"  # the file the pull writes to (2>&1), which must be gone at the end
 name=$2
 echo "${name##*:}: Pulling from ${name%:*}"
 case "$name" in
@@ -70,12 +70,14 @@ def pull(tmp_path: Path, base: str, bound: int = 60) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
-def leftovers() -> set[str]:
-    return set(glob.glob("/var/tmp/ddp-pull.*"))
+def leftovers(tmp_path: Path) -> list[str]:
+    """The files this test's pulls wrote to that are still there."""
+    logs = (tmp_path / "state" / "logs").read_text().split()
+    assert logs and all(path.startswith("/var/tmp/ddp-pull.") for path in logs)
+    return [path for path in logs if os.path.exists(path)]
 
 
 def test_a_pull_on_the_build_server_shows_its_progress_and_leaves_no_file(tmp_path: Path) -> None:
-    before = leftovers()
     done = pull(tmp_path, "registry.example.com/ascend/cann:8.2.rc1")
     out = " ".join(done.stdout.split())
     assert done.returncode == 0, done.stdout[-3000:]
@@ -83,13 +85,12 @@ def test_a_pull_on_the_build_server_shows_its_progress_and_leaves_no_file(tmp_pa
     assert "layers downloaded" in out and "in place" in out
     assert "base image registry.example.com/ascend/cann:8.2.rc1: pulled in" in out
     assert "changed=1" in out
-    assert leftovers() == before
+    assert leftovers(tmp_path) == []
     again = pull(tmp_path, "registry.example.com/ascend/cann:8.2.rc1")
     assert again.returncode == 0 and "changed=0" in again.stdout and "pulling" not in again.stdout
 
 
 def test_a_failed_pull_on_the_build_server_names_the_server_and_the_reason(tmp_path: Path) -> None:
-    before = leftovers()
     done = pull(tmp_path, "registry.example.com/missing/cann:1")
     out = " ".join(done.stdout.split())
     assert done.returncode != 0
@@ -99,13 +100,12 @@ def test_a_failed_pull_on_the_build_server_names_the_server_and_the_reason(tmp_p
         "registry registry.example.com has no such image"
     ) in out
     assert "docker load -i" in out
-    assert leftovers() == before
+    assert leftovers(tmp_path) == []
 
 
 def test_a_pull_on_the_build_server_past_the_bound_is_stopped_and_named(tmp_path: Path) -> None:
-    before = leftovers()
     done = pull(tmp_path, "registry.example.com/slow/cann:1", bound=3)
     out = " ".join(done.stdout.split())
     assert done.returncode != 0
     assert "did not finish within training_image_pull_timeout (3 s)" in out
-    assert leftovers() == before
+    assert leftovers(tmp_path) == []
