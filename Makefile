@@ -1,4 +1,5 @@
-# ddp-cluster: `make demo` brings up the local cluster and trains on it; `make test` runs every check.
+# ddp-cluster: `make demo` brings up the local cluster and trains on it; `make check` is the first signal (about two
+# minutes, no torch, no containers); `make test` runs every check.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -21,33 +22,43 @@ NODES ?= 2
 TORCH_VERSION ?= 2.13.0
 MOLECULE_SCENARIOS := $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
-.PHONY: help venv test-deps docker base-image registry image site train demo lint unit molecule e2e sim-e2e suites sim-up sim-down test bench clean
+.PHONY: help venv dev test-deps setup venv-and-base-image docker base-image registry image site train demo check check-lint check-unit check-package lint unit molecule e2e sim-e2e suites sim-up sim-down test bench clean
 
 help:
 	@echo "make demo    set up this machine and run site.yml, then train.yml -e nodes=$(NODES), on the local cluster"
+	@echo "make check   lint and every test that needs no container, no torch and no network (about 2 minutes)"
 	@echo "make test    lint, unit tests, molecule scenarios and end-to-end tests"
 	@echo "make lint    yamllint, ansible-lint, ruff, mypy, import-linter (the package's layering)"
 	@echo "make bench   benchmarks (figures, not tests)"
 	@echo "make clean   remove the local cluster's containers, network and state"
-	@echo "make venv    .venv with the pinned Ansible, on Python 3.11-3.13 (PYTHON=... picks the interpreter)"
+	@echo "make venv    .venv with what running needs, pinned, on Python 3.11-3.13 (PYTHON=... picks the interpreter)"
+	@echo "make dev     .venv with the linters and test tools too (make check and make test install them)"
 	@echo "make registry  install Docker's Distribution registry, which registry distribution runs on the controller"
 	@echo "make sim-up  start SIM_SERVERS (default 2) simulated servers for inventories/sim and sim-ascend; sim-down removes them"
 
 # The pinned ansible-core runs on Python 3.11 to 3.13 only, and pip's resolver says no more than "no matching
 # distribution" elsewhere: find-python.sh picks a supported interpreter or names the command that installs one,
 # keeps a .venv already on a supported Python and has one on another rebuilt.
+# What running needs only (requirements/controller.txt): ansible-core, the Docker SDK, matplotlib for the loss plot,
+# the package bare, and the four collections the roles use, unpacked from the pinned `ansible` release's wheel
+# (scripts/install-collections.sh; the whole release is some 480 MB of collections).
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements/controller.txt python/pyproject.toml
+$(VENV)/.installed: requirements/controller.txt requirements/collections.txt python/pyproject.toml
 	@python=$$(PYTHON='$(PYTHON)' scripts/find-python.sh $(VENV)); \
 	if [ -n "$$python" ]; then rm -rf $(VENV); echo "$$python -m venv $(VENV)"; "$$python" -m venv $(VENV); fi
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements/controller.txt
-	$(BIN)/pip install --quiet -e python
+	$(BIN)/pip install --quiet -r requirements/controller.txt -e python
+	scripts/install-collections.sh $(VENV)
 	touch $@
 
-# The tests train for real, so they need torch on the controller too (the demo does not).
+# What developing needs on top (requirements/dev.txt): the linters, pytest, molecule, ansible-runner; no torch.
+dev: $(VENV)/.installed-dev
+$(VENV)/.installed-dev: $(VENV)/.installed requirements/dev.txt
+	$(BIN)/pip install --quiet -r requirements/dev.txt
+	touch $@
+
+# The tests train for real, so they need torch on the controller too (the demo and make check do not).
 test-deps: $(VENV)/.installed-test
-$(VENV)/.installed-test: $(VENV)/.installed
+$(VENV)/.installed-test: $(VENV)/.installed-dev
 	$(BIN)/pip install --quiet -e 'python[train,plot,test]' 'torch==$(TORCH_VERSION)'
 	touch $@
 
@@ -69,10 +80,15 @@ base-image: docker
 registry:
 	@scripts/install-tool.sh docker-registry
 
-image: venv base-image
+# The virtualenv (pip) and the base image (debootstrap) wait on different things: made side by side.
+setup:
+	@$(MAKE) --no-print-directory -j2 venv-and-base-image
+venv-and-base-image: venv base-image
+
+image: setup
 	ansible-playbook site.yml --tags preflight,image
 
-site: venv base-image
+site: setup
 	ansible-playbook site.yml
 
 train: venv
@@ -81,20 +97,42 @@ train: venv
 demo: site
 	@if [ -f train.yml ]; then ansible-playbook train.yml -e nodes=$(NODES); fi
 
-# mypy reads torch's types, so the package's type check needs the test dependencies installed.
-lint: test-deps
-	yamllint -s .
-	ansible-lint
-	ruff check . && ruff format --check .
-	cd python && mypy
-	mypy --config-file mypy.ini
-	lint-imports
+# The linters, quickest first; $(1): more flags for the package's mypy run.
+define lint-commands
+ruff check . && ruff format --check .
+lint-imports
+yamllint -s .
+cd python && mypy $(1)
+mypy --config-file mypy.ini
+ansible-lint
+endef
 
-# The package's tests, then the playbooks' pieces that need no engine and no cluster (tests/unit: filters,
-# modules, the controller's scripts, the roles' specs).
+# mypy reads torch's types, so the package's full type check needs the test dependencies installed.
+lint: test-deps
+	$(call lint-commands)
+
+# The first signal: the linters, tests/unit and the package's tests side by side, the tests those that need no
+# container, no torch and no network (the tiers are marked in python/tests/conftest.py and tests/conftest.py); each
+# part's output is printed whole as it ends. The tests mostly wait (on Ansible, on their processes), the linters
+# mostly compute. Without torch mypy takes torch's types as Any, so it cannot judge an unused ignore, a subclass of
+# a torch class or a torch decorator there: make lint still does.
+check: dev
+	@$(MAKE) --no-print-directory -j3 --output-sync=target check-lint check-unit check-package
+
+check-lint: dev
+	$(call lint-commands,--no-warn-unused-ignores --allow-subclassing-any --allow-untyped-decorators)
+
+check-unit: dev
+	pytest -q -m "not network" tests/unit
+
+check-package: dev
+	cd python && pytest -q -m "not torch"
+
+# The playbooks' pieces that need no engine and no cluster (tests/unit: filters, modules, the controller's scripts,
+# the roles' specs), then the package's tests, the multi-process ones among them.
 unit: test-deps
-	cd python && pytest -q
 	pytest -q tests/unit
+	cd python && pytest -q
 
 # `make suites` builds the image once before it starts the scenarios (MOLECULE_DEPS=test-deps there).
 MOLECULE_DEPS ?= test-deps image

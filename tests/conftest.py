@@ -131,3 +131,30 @@ def local_cluster() -> Iterator[PlaybookResult]:
 
 def recap_json(result: PlaybookResult) -> str:
     return json.dumps(result.stats, sort_keys=True)
+
+
+# The tiers, by folder: unit (tests/unit: no container, no cluster), docker (the local end-to-end files here,
+# on real containers), sim (tests/sim, simulated servers); network for what asks the package index.
+TIERS = {
+    "unit": "needs no container, no cluster and no network",
+    "network": "asks the package index (PyPI)",
+    "docker": "runs on real containers (the local cluster, molecule's engine)",
+    "sim": "runs on simulated servers (make sim-e2e)",
+}
+NETWORK_FILES = {"test_shipped_requirements.py"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, meaning in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(REPO / "tests").parts[0]
+        if item.path.name in NETWORK_FILES:
+            item.add_marker(pytest.mark.network)
+        elif folder == "unit":
+            item.add_marker(pytest.mark.unit)
+        else:
+            item.add_marker(pytest.mark.sim if folder == "sim" else pytest.mark.docker)

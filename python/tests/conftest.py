@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -143,3 +144,37 @@ def launch() -> Iterator[Any]:
 def base_environ() -> dict[str, str]:
     """An environment for subprocesses: this one without launcher variables, one thread per process."""
     return clean_environ()
+
+
+# The tiers (markers registered in pyproject.toml): every test here needs no container; those that need torch
+# are marked `torch` (a whole file, or single tests where the rest of their file needs none), so that
+# `pytest -m "not torch"` (make check) runs the rest on a controller without it.
+TORCH_FILES = {
+    "test_checkpoint.py",
+    "test_data.py",
+    "test_device.py",
+    "test_gate.py",
+    "test_train.py",
+    "test_train_ddp.py",
+}
+TORCH_TESTS = {
+    "test_baseimage.py::test_the_probe_reads_its_own_interpreter_and_the_kept_closure",
+    "test_cliargs.py::test_train_options_have_the_config_defaults",
+    "test_run.py::test_unmodified_torchrun_script_runs_under_openmpi_variables",
+    "test_run.py::test_a_rank_that_cannot_use_the_jobs_accelerator_stops_naming_node_rank_and_reason",
+}
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    # These files import torch at their top: without it they cannot even be collected to be deselected.
+    if collection_path.name in TORCH_FILES and importlib.util.find_spec("torch") is None:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.unit)
+        name = getattr(item, "originalname", item.name)
+        if item.path.name in TORCH_FILES or f"{item.path.name}::{name}" in TORCH_TESTS:
+            item.add_marker(pytest.mark.torch)
