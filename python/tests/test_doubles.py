@@ -149,7 +149,7 @@ def test_gateway_makes_a_remote_detect_address_reachable(machine: Machine) -> No
         ("Socket fail", "Socket fail"),
     ],
 )
-def test_injected_net_health_uses_seed002_names(tmp_path: Path, injected: Any, name: str) -> None:
+def test_injected_net_health_uses_the_checklist_names(tmp_path: Path, injected: Any, name: str) -> None:
     m = Machine(tmp_path, {"devices": {"4": {"net_health": injected}}})
     assert m.ok(4, "-net_health", "-g") == f"net health status: {name}\n"
     assert m.ok(5, "-net_health", "-g") == "net health status: Init\n"

@@ -46,7 +46,7 @@ SEED000_SERVER1 = [
 ]
 
 
-def seed000() -> dict[str, Any]:
+def manual_plan() -> dict[str, Any]:
     return {
         "product": "atlas-training",
         "netmask": "255.255.255.0",
@@ -83,30 +83,30 @@ def found(data: Any) -> set[tuple[str | None, int | None, str]]:
 # --- the vendor's own examples ---------------------------------------------------------------------------
 
 
-def test_seed000_two_servers_pass() -> None:
-    plan = load_plan(DATA / "seed000_two_servers.yml")
+def test_pytorch_manual_two_servers_pass() -> None:
+    plan = load_plan(DATA / "pytorch_manual_two_servers.yml")
     assert [list(s.device_ips) for s in plan.servers] == [SEED000_SERVER0, SEED000_SERVER1]
     assert check_plan(plan) == []
 
 
-def test_seed000_seed_form_expands_to_the_seeds_addresses() -> None:
-    plan = load_plan(DATA / "seed000_two_servers_seeded.yml")
+def test_pytorch_manual_seed_form_expands_to_the_seeds_addresses() -> None:
+    plan = load_plan(DATA / "pytorch_manual_two_servers_seeded.yml")
     assert [list(s.device_ips) for s in plan.servers] == [SEED000_SERVER0, SEED000_SERVER1]
     assert check_plan(plan) == []
 
 
-def test_seed004_single_server_passes() -> None:
-    assert check_plan(load_plan(DATA / "seed004_one_server.yml")) == []
+def test_mindocr_manual_single_server_passes() -> None:
+    assert check_plan(load_plan(DATA / "mindocr_manual_one_server.yml")) == []
 
 
-def test_a2_example_passes_with_seed002_layout() -> None:
+def test_a2_example_passes_with_the_checklist_layout() -> None:
     plan = load_plan(DATA / "a2_two_servers.yml")
     assert list(plan.servers[0].device_ips) == [f"10.20.30.{n}" for n in range(2, 10)]
     assert list(plan.servers[1].device_ips) == [f"10.20.30.{n}" for n in range(10, 18)]
     assert check_plan(plan) == []
 
 
-def test_seed002_example_taken_literally_clashes() -> None:
+def test_the_checklist_example_taken_literally_clashes() -> None:
     # The Ascend multi-node checklist shows 10.x.x.2 ... 10.x.x.9 on both servers; in one subnet those would
     # be the same addresses.
     data = a2("10.20.30.2", "10.20.30.2")
@@ -114,7 +114,7 @@ def test_seed002_example_taken_literally_clashes() -> None:
 
 
 def test_broken_fixture_reports_each_mistake() -> None:
-    assert found(yaml.safe_load((DATA / "seed000_broken.yml").read_text())) == {
+    assert found(yaml.safe_load((DATA / "pytorch_manual_broken.yml").read_text())) == {
         ("server1", 4, "ip-unique"),
         ("server1", 5, "pair-subnet"),
         ("server1", 5, "position-subnet"),
@@ -149,13 +149,13 @@ def test_a2_a3_seed_counts_up(product: str) -> None:
 
 
 def test_seed_device_count() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"] = [{"host_ip": "172.16.0.1", "device_ip_seed": "192.168.100.101", "device_count": "4"}]
     assert list(plan_from_dict(data).servers[0].device_ips) == SEED000_SERVER0[:4]
 
 
 def test_seed_with_host_number_one_puts_devices_on_network_addresses() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"] = [{"host": "n1", "host_ip": "172.16.0.1", "device_ip_seed": "192.168.100.1"}]
     assert found(data) == {("n1", d, "ip-host-part") for d in range(4, 8)}
 
@@ -177,7 +177,7 @@ def test_distinct_subnets() -> None:
 
 
 def test_position_subnet_flags_the_odd_server() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"].append(
         {"host": "server2", "host_ip": "192.168.1.24", "device_ip_seed": "192.168.104.121"}
     )
@@ -185,14 +185,14 @@ def test_position_subnet_flags_the_odd_server() -> None:
 
 
 def test_position_subnet_on_two_servers() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"][1]["device_ips"][3] = "192.168.107.111"
     data["servers"][1]["device_ips"][7] = "192.168.107.110"
     assert found(data) == {("server1", 3, "position-subnet"), ("server1", 7, "position-subnet")}
 
 
 def test_position_subnet_on_two_servers_blames_the_device_that_breaks_its_own_layout() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"][0]["device_ips"][5] = "192.168.104.100"  # server0's device 5 leaves device 1's subnet
     assert found(data) == {("server0", 5, "pair-subnet"), ("server0", 5, "position-subnet")}
 
@@ -219,7 +219,7 @@ def test_no_devices() -> None:
 
 
 def test_uneven_counts_error_on_training() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"][1]["device_ips"] = SEED000_SERVER1[:4]
     violations = check_plan(plan_from_dict(data))
     assert [(v.server, v.rule, v.severity) for v in violations] == [
@@ -265,7 +265,7 @@ def test_network_and_broadcast_addresses() -> None:
 
 
 def test_duplicate_address_across_servers() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"][1]["device_ips"][2] = SEED000_SERVER0[2]
     violations = check_plan(plan_from_dict(data))
     assert [(v.server, v.device, v.rule) for v in violations] == [("server1", 2, "ip-unique")]
@@ -273,13 +273,13 @@ def test_duplicate_address_across_servers() -> None:
 
 
 def test_device_address_equal_to_a_host_address() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"][0]["host_ip"] = SEED000_SERVER1[0]
     assert found(data) == {("server1", 0, "ip-is-host")}
 
 
 def test_host_addresses_and_names() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"].append(
         {"host": "server0", "host_ip": "192.168.1.22", "device_ip_seed": "192.168.100.121"}
     )
@@ -292,7 +292,7 @@ def test_host_addresses_and_names() -> None:
 
 
 def test_violations_read_server_by_server() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"][1]["device_ips"][0] = "bad"
     data["servers"][0]["device_ips"][7] = "bad"
     order = [(v.server, v.device) for v in check_plan(plan_from_dict(data))]
@@ -324,24 +324,24 @@ def replaced(data: dict[str, Any], value: Any, *path: Any) -> dict[str, Any]:
     ("data", "named"),
     [
         (["not", "a", "mapping"], "plan"),
-        (without(seed000(), "product"), "'product'"),
-        (replaced(seed000(), "atlas-900", "product"), "product"),
-        (without(seed000(), "netmask"), "'netmask'"),
-        (replaced(seed000(), "255.0.255.0", "netmask"), "netmask"),
-        (replaced(seed000(), "/24", "netmask"), "netmask"),
-        (replaced(seed000(), 24, "netmask"), "netmask"),
-        (replaced(seed000(), "255.255.255.254", "netmask"), "netmask"),
-        (without(seed000(), "servers"), "'servers'"),
-        (replaced(seed000(), [], "servers"), "servers"),
-        (without(seed000(), "servers", 1, "host_ip"), "servers[1]: missing key 'host_ip'"),
-        (without(seed000(), "servers", 0, "device_ips"), "servers[0]: missing key 'device_ips'"),
-        (replaced(seed000(), "192.168.100.101", "servers", 0, "device_ips"), "servers[0].device_ips"),
-        (replaced(seed000(), 42, "servers", 0, "device_ips", 3), "servers[0].device_ips[3]"),
-        (replaced(seed000(), "10.0.0.1", "servers", 0, "device_ip_seed"), "servers[0]"),
-        (replaced(seed000(), 8, "servers", 0, "device_count"), "servers[0].device_count"),
-        (replaced(seed000(), "x", "servers", 0, "netmask"), "'netmask'"),
-        (replaced(seed000(), "x", "device_ip"), "'device_ip'"),
-        (replaced(seed000(), "server-as-string", "servers", 1), "servers[1]"),
+        (without(manual_plan(), "product"), "'product'"),
+        (replaced(manual_plan(), "atlas-900", "product"), "product"),
+        (without(manual_plan(), "netmask"), "'netmask'"),
+        (replaced(manual_plan(), "255.0.255.0", "netmask"), "netmask"),
+        (replaced(manual_plan(), "/24", "netmask"), "netmask"),
+        (replaced(manual_plan(), 24, "netmask"), "netmask"),
+        (replaced(manual_plan(), "255.255.255.254", "netmask"), "netmask"),
+        (without(manual_plan(), "servers"), "'servers'"),
+        (replaced(manual_plan(), [], "servers"), "servers"),
+        (without(manual_plan(), "servers", 1, "host_ip"), "servers[1]: missing key 'host_ip'"),
+        (without(manual_plan(), "servers", 0, "device_ips"), "servers[0]: missing key 'device_ips'"),
+        (replaced(manual_plan(), "192.168.100.101", "servers", 0, "device_ips"), "servers[0].device_ips"),
+        (replaced(manual_plan(), 42, "servers", 0, "device_ips", 3), "servers[0].device_ips[3]"),
+        (replaced(manual_plan(), "10.0.0.1", "servers", 0, "device_ip_seed"), "servers[0]"),
+        (replaced(manual_plan(), 8, "servers", 0, "device_count"), "servers[0].device_count"),
+        (replaced(manual_plan(), "x", "servers", 0, "netmask"), "'netmask'"),
+        (replaced(manual_plan(), "x", "device_ip"), "'device_ip'"),
+        (replaced(manual_plan(), "server-as-string", "servers", 1), "servers[1]"),
     ],
 )
 def test_malformed_plans_name_the_key(data: Any, named: str) -> None:
@@ -351,7 +351,7 @@ def test_malformed_plans_name_the_key(data: Any, named: str) -> None:
 
 
 def test_seed_form_errors_name_the_server() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"][1] = {"host_ip": "192.168.1.23", "device_ip_seed": "192.168.100.x"}
     with pytest.raises(IpPlanError, match=r"servers\[1\]\.device_ip_seed"):
         plan_from_dict(data)
@@ -372,7 +372,7 @@ def test_load_plan_rejects_bad_yaml(tmp_path: Path) -> None:
 
 
 def test_check_plan_dict_gives_plain_dicts() -> None:
-    data = seed000()
+    data = manual_plan()
     data["servers"][0]["device_ips"][5] = "192.168.100.1000"
     assert check_plan_dict(data) == [
         {
@@ -383,18 +383,18 @@ def test_check_plan_dict_gives_plain_dicts() -> None:
             "severity": "error",
         }
     ]
-    assert check_plan_dict(seed000()) == []
+    assert check_plan_dict(manual_plan()) == []
 
 
 def test_check_plan_dict_reports_malformed_plans_instead_of_raising() -> None:
-    [violation] = check_plan_dict(without(seed000(), "netmask"))
+    [violation] = check_plan_dict(without(manual_plan(), "netmask"))
     assert violation["rule"] == "plan-format"
     assert "'netmask'" in violation["message"]
 
 
 def test_normalize_plan_dict_expands_seeds() -> None:
-    data = yaml.safe_load((DATA / "seed000_two_servers_seeded.yml").read_text())
-    assert normalize_plan_dict(data) == seed000()
+    data = yaml.safe_load((DATA / "pytorch_manual_two_servers_seeded.yml").read_text())
+    assert normalize_plan_dict(data) == manual_plan()
 
 
 def test_violation_text_names_server_device_and_rule() -> None:
@@ -407,14 +407,14 @@ def test_violation_text_names_server_device_and_rule() -> None:
 
 
 def test_cli_check_ok(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ipplan.cli(["check", str(DATA / "seed000_two_servers.yml")]) == 0
+    assert ipplan.cli(["check", str(DATA / "pytorch_manual_two_servers.yml")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("OK ") and out.count("\n") == 1
     assert "atlas-training, 2 server(s) x 8 device(s)" in out
 
 
 def test_cli_check_prints_every_violation(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ipplan.cli(["check", str(DATA / "seed000_broken.yml")]) == 1
+    assert ipplan.cli(["check", str(DATA / "pytorch_manual_broken.yml")]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert "error [pair-subnet] server server1, device 5: " in lines[1]
     assert "error [device-count] server server2: 6 devices" in lines[3]
@@ -458,12 +458,12 @@ def test_cli_missing_file_and_usage(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_cli_expand(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ipplan.cli(["expand", str(DATA / "seed000_two_servers_seeded.yml")]) == 0
-    assert yaml.safe_load(capsys.readouterr().out) == seed000()
+    assert ipplan.cli(["expand", str(DATA / "pytorch_manual_two_servers_seeded.yml")]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == manual_plan()
 
 
 def test_ddp_cluster_dispatches_ip_plan(capsys: pytest.CaptureFixture[str]) -> None:
     from ddp_cluster.cli import main
 
-    assert main(["ip-plan", "check", str(DATA / "seed000_broken.yml")]) == 1
+    assert main(["ip-plan", "check", str(DATA / "pytorch_manual_broken.yml")]) == 1
     assert "[position-subnet]" in capsys.readouterr().out

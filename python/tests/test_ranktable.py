@@ -1,4 +1,4 @@
-"""HCCL rank tables: the seeds' own tables reproduced, master ordering, refusal of invalid plans."""
+"""HCCL rank tables: the vendor manuals' own tables reproduced, master ordering, refusal of invalid plans."""
 
 from __future__ import annotations
 
@@ -17,31 +17,31 @@ from ddp_cluster.ascend.ranktable import RankTableError, dumps, rank_table
 DATA = Path(__file__).parent / "data"
 
 
-def seed000_plan() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((DATA / "seed000_two_servers.yml").read_text())
+def manual_plan() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((DATA / "pytorch_manual_two_servers.yml").read_text())
     return data
 
 
 def three_servers() -> dict[str, Any]:
-    data = seed000_plan()
+    data = manual_plan()
     data["servers"].append(
         {"host": "server2", "host_ip": "192.168.1.24", "device_ip_seed": "192.168.100.121"}
     )
     return data
 
 
-def test_seed004_table_reproduced_byte_for_byte() -> None:
+def test_mindocr_manual_table_reproduced_byte_for_byte() -> None:
     # hccl_tools.py --device_num "[0,8)" -> hccl_8p_10234567_127.0.0.1.json, as printed in the MindOCR
     # distributed training manual.
-    table = rank_table(load_plan(DATA / "seed004_one_server.yml"))
-    assert dumps(table) == (DATA / "seed004_hccl_8p_10234567_127.0.0.1.json").read_text()
+    table = rank_table(load_plan(DATA / "mindocr_manual_one_server.yml"))
+    assert dumps(table) == (DATA / "mindocr_manual_hccl_8p_10234567_127.0.0.1.json").read_text()
 
 
-def test_seed003_two_host_table_matches_its_template() -> None:
+def test_container_manual_two_host_table_matches_its_template() -> None:
     # The container training manual's hccl_json_16p_2_host.json: placeholders {device_N_ip} in rank order,
     # {host_K_ip} per server, and no host_nic_ip key.
-    plan = load_plan(DATA / "seed000_two_servers.yml")
-    template = (DATA / "seed003_hccl_json_16p_2_host.json").read_text()
+    plan = load_plan(DATA / "pytorch_manual_two_servers.yml")
+    template = (DATA / "container_manual_hccl_json_16p_2_host.json").read_text()
     device_ips = [ip for server in plan.servers for ip in server.device_ips]
     values = {f"device_{n}_ip": ip for n, ip in enumerate(device_ips)}
     values.update({f"host_{k + 1}_ip": server.host_ip for k, server in enumerate(plan.servers)})
@@ -91,12 +91,12 @@ def test_default_master_is_the_first_server() -> None:
 
 def test_unknown_master() -> None:
     with pytest.raises(RankTableError, match=r"'10\.9\.9\.9' is not a server") as error:
-        rank_table(plan_from_dict(seed000_plan()), master="10.9.9.9")
+        rank_table(plan_from_dict(manual_plan()), master="10.9.9.9")
     assert error.value.violations == []
 
 
 def test_invalid_plan_is_refused_with_its_violations() -> None:
-    data = seed000_plan()
+    data = manual_plan()
     data["servers"][1]["device_ips"] = data["servers"][1]["device_ips"][:6]
     with pytest.raises(RankTableError, match="device-count") as error:
         rank_table(plan_from_dict(data))
@@ -120,34 +120,38 @@ def test_warnings_do_not_block() -> None:
 
 
 def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ranktable.cli([str(DATA / "seed004_one_server.yml")]) == 0
-    assert capsys.readouterr().out == (DATA / "seed004_hccl_8p_10234567_127.0.0.1.json").read_text()
+    assert ranktable.cli([str(DATA / "mindocr_manual_one_server.yml")]) == 0
+    assert capsys.readouterr().out == (DATA / "mindocr_manual_hccl_8p_10234567_127.0.0.1.json").read_text()
 
 
 def test_cli_writes_a_file_with_master(tmp_path: Path) -> None:
     out = tmp_path / "rank_table.json"
-    assert ranktable.cli([str(DATA / "seed000_two_servers.yml"), "--master", "server1", "-o", str(out)]) == 0
+    assert (
+        ranktable.cli([str(DATA / "pytorch_manual_two_servers.yml"), "--master", "server1", "-o", str(out)])
+        == 0
+    )
     table = json.loads(out.read_text())
     assert table["server_list"][0]["server_id"] == "192.168.1.23"
     assert [p.name for p in tmp_path.iterdir()] == ["rank_table.json"]
 
 
 def test_cli_invalid_plan_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ranktable.cli([str(DATA / "seed000_broken.yml")]) == 1
+    assert ranktable.cli([str(DATA / "pytorch_manual_broken.yml")]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "error [pair-subnet] server server1, device 5" in captured.err
 
 
 def test_cli_bad_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert ranktable.cli([str(DATA / "seed000_two_servers.yml"), "--master", "nobody"]) == 2
+    assert ranktable.cli([str(DATA / "pytorch_manual_two_servers.yml"), "--master", "nobody"]) == 2
     assert "'nobody' is not a server" in capsys.readouterr().err
     plan = tmp_path / "plan.yml"
     plan.write_text("product: atlas-training\nnetmask: 255.255.255.0\n")
     assert ranktable.cli([str(plan)]) == 2
     assert "missing key 'servers'" in capsys.readouterr().err
     assert (
-        ranktable.cli([str(DATA / "seed000_two_servers.yml"), "-o", str(tmp_path / "no" / "dir.json")]) == 2
+        ranktable.cli([str(DATA / "pytorch_manual_two_servers.yml"), "-o", str(tmp_path / "no" / "dir.json")])
+        == 2
     )
     assert ranktable.cli([]) == 2
 
@@ -155,7 +159,7 @@ def test_cli_bad_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_ddp_cluster_dispatches_rank_table(capsys: pytest.CaptureFixture[str]) -> None:
     from ddp_cluster.cli import main
 
-    assert main(["rank-table", str(DATA / "seed000_two_servers.yml")]) == 0
+    assert main(["rank-table", str(DATA / "pytorch_manual_two_servers.yml")]) == 0
     assert json.loads(capsys.readouterr().out)["server_count"] == "2"
 
 
@@ -163,7 +167,7 @@ def test_ddp_cluster_dispatches_rank_table(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_job_on_one_of_two_nodes_lists_only_that_node_as_master() -> None:
-    plan = plan_from_dict(seed000_plan())
+    plan = plan_from_dict(manual_plan())
     second = plan.servers[1]
     table = ranktable.job_rank_table(plan, [second.host or second.host_ip], 8)
     assert table["server_count"] == "1"
@@ -174,7 +178,7 @@ def test_job_on_one_of_two_nodes_lists_only_that_node_as_master() -> None:
 
 
 def test_job_of_4_of_8_devices_per_node_uses_the_visible_ones_with_ranks_ascending_across_nodes() -> None:
-    plan = plan_from_dict(seed000_plan())
+    plan = plan_from_dict(manual_plan())
     names = [server.host or server.host_ip for server in plan.servers]
     table = ranktable.job_rank_table(plan, names, 4, visible={names[1]: "4,5,6,7"})
     first, second = table["server_list"]
@@ -185,7 +189,7 @@ def test_job_of_4_of_8_devices_per_node_uses_the_visible_ones_with_ranks_ascendi
 
 
 def test_job_started_from_another_node_makes_it_the_master() -> None:
-    plan = plan_from_dict(seed000_plan())
+    plan = plan_from_dict(manual_plan())
     names = [server.host or server.host_ip for server in plan.servers]
     table = ranktable.job_rank_table(plan, list(reversed(names)), 1)
     assert [server["server_id"] for server in table["server_list"]] == [
@@ -208,7 +212,7 @@ def test_job_started_from_another_node_makes_it_the_master() -> None:
 def test_job_devices_that_do_not_fit_are_refused_naming_the_node(
     nproc: int, visible: str, message: str
 ) -> None:
-    plan = plan_from_dict(seed000_plan())
+    plan = plan_from_dict(manual_plan())
     name = plan.servers[0].host or plan.servers[0].host_ip
     with pytest.raises(RankTableError, match=f"node {name}: .*{message}"):
         ranktable.job_rank_table(plan, [name], nproc, visible={name: visible})
@@ -216,4 +220,4 @@ def test_job_devices_that_do_not_fit_are_refused_naming_the_node(
 
 def test_job_node_outside_the_plan_is_refused() -> None:
     with pytest.raises(RankTableError, match="node 'server9' of the job is not a server of the plan"):
-        ranktable.job_rank_table(plan_from_dict(seed000_plan()), ["server9"], 1)
+        ranktable.job_rank_table(plan_from_dict(manual_plan()), ["server9"], 1)
