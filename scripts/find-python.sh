@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Print the Python that `make venv` makes the virtualenv with: PYTHON when it is given, else the first of
-# python3.13, python3.12, python3.11 and python3 on PATH whose version the pinned Ansible runs on (ansible 12.x,
-# ansible-core 2.19, in requirements/controller.txt: controller Python 3.11 to 3.13). With VENV_DIR, an existing
+# python3.13, python3.12, python3.11 and python3 on PATH whose version the pinned Ansible runs on (ansible-core
+# 2.19, in requirements/controller.txt: controller Python 3.11 to 3.13). With VENV_DIR, an existing
 # virtualenv there on a supported Python is kept (nothing printed) unless PYTHON names another version; one on an
 # unsupported or broken Python is reported and the caller rebuilds it. Where no supported Python is found, one
 # line names what was found and the command that installs one on this OS (read from OS_RELEASE, default

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -403,3 +404,47 @@ def test_debootstrap_only_for_the_project_base() -> None:
         "site", env={"ANSIBLE_INVENTORY": "inventories/local"}
     )
     assert "debootstrap" not in make_dry_run("docker")
+
+
+def test_demo_installs_what_running_needs_only() -> None:
+    demo = make_dry_run("-B", "demo")
+    assert "pip install --quiet -r requirements/controller.txt -e python" in demo
+    assert "scripts/install-collections.sh" in demo
+    assert "dev.txt" not in demo and "torch" not in demo
+
+
+def test_check_installs_the_tools_but_no_torch() -> None:
+    check = make_dry_run("-B", "check")
+    assert "pip install --quiet -r requirements/dev.txt" in check
+    assert 'pytest -q -m "not torch"' in check and 'pytest -q -m "not network" tests/unit' in check
+    assert "torch==" not in check and "[train" not in check
+
+
+NO_TORCH = """
+import importlib.abc, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def test_the_package_tests_make_check_runs_are_collected_without_torch(tmp_path: Path) -> None:
+    # A test file that imports torch (or a module that does) at its top, and is not in TORCH_FILES
+    # (python/tests/conftest.py), would stop make check on a controller without torch.
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "-m", "not torch"],
+        cwd=REPO / "python",
+        env=os.environ | {"PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "tests collected" in result.stdout
