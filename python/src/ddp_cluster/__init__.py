@@ -6,7 +6,8 @@ The package is grouped by where its code runs, which says what each part may imp
     errors, files, cli      the base: one error class tree, atomic writes, ``ddp-cluster SUBCOMMAND``
     accelerators/           cpu, gpu, npu: device kind, backend, visible-devices variable, topology (no torch)
     ascend/                 device-IP plans, rank tables, hccn_tool (``hccn`` ships to servers: stdlib, 3.8)
-    image/                  the node image: base image, its probe, where it is built (controller)
+    image/                  the node image (controller): base image, its probe, where it is built, its tag, the
+                            base's pull, the distribution (``distribute`` also ships as module_utils)
     server/                 a server's own Python (stdlib, 3.8): shipped as the roles' module_utils
     job/                    the controller's job: spec, plan, status, results, report, doctor, plot
     supervisor/             the first node's supervisor: launcher, failures, liveness, the node's jobs
