@@ -1,5 +1,5 @@
 """Action ``ddp_jobs_table``: print the cluster's jobs and nodes (jobs.yml), from every node's
-``ddp_jobs_node`` result (:func:`ddp_cluster.supervisor.jobs.table`). Runs once, on the controller.
+``ddp_jobs_node`` result (:func:`ddp_cluster.job.node_jobs.table`). Runs once, on the controller.
 
     - ddp_jobs_table:
         results: "{{ dict of node -> its ddp_jobs_node result }}"
@@ -18,7 +18,7 @@ from ansible.utils.display import Display
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster.supervisor import jobs
+from ddp_cluster.job import node_jobs
 
 display = Display()
 
@@ -38,6 +38,6 @@ class ActionModule(ActionBase):
                 reports[str(node)] = item["report"]
             else:
                 down[str(node)] = str(item.get("down") or item.get("msg") or "it did not answer")
-        lines = jobs.table(reports, down)
+        lines = node_jobs.table(reports, down)
         display.display("\n".join(lines))
         return {**result, "changed": False, "lines": lines}

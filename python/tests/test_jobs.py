@@ -1,6 +1,6 @@
-"""ddp_cluster.supervisor.jobs: what each node reports of the jobs (its jobs' directories and processes,
-faked here), the
-table jobs.yml prints from those reports, and a stop on a node whose supervisor is gone. No containers."""
+"""ddp_cluster.supervisor.jobs: what each node reports of the jobs (its jobs' directories and processes, faked
+here) and a stop on a node; ddp_cluster.job.node_jobs.table: the table jobs.yml prints from those reports. No
+containers."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ddp_cluster.job import node_jobs
 from ddp_cluster.job import status as job_status
 from ddp_cluster.job.status import Status
 from ddp_cluster.supervisor import jobs
@@ -322,7 +323,7 @@ def test_the_table_of_a_running_job_busy_free_and_down_nodes() -> None:
         "n1": {"jobs": {"J1": job_item(None, ["n0", "n1"], max_restarts=2)}, "busy": ["J1"]},
         "n3": {"jobs": {}, "busy": []},
     }
-    lines = jobs.table(reports, {"n2": "ssh: connect to host n2 port 22: No route to host"})
+    lines = node_jobs.table(reports, {"n2": "ssh: connect to host n2 port 22: No route to host"})
     assert lines[0].split() == ["job", "state", "nodes", "progress", "started", "restarts"]
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1_700_000_000.0))
     assert row(lines, "J1") == ["J1", "running", "n0,n1", "epoch 2, step 85, loss 0.5", started, "1/2"]
@@ -343,23 +344,23 @@ def test_a_running_job_whose_supervisor_is_gone_is_named_with_its_first_node() -
     reports = {
         "n1": {"jobs": {"J7": job_item(status_dict(state="running", updated=5.0), ["n1"])}, "busy": []},
     }
-    lines = jobs.table(reports)
+    lines = node_jobs.table(reports)
     assert row(lines, "J7")[1] == "running, no supervisor on n1"
     assert "n1: free" in lines
     starting = {"n4": {"jobs": {"J8": job_item(status_dict(state="starting"), ["n4"])}, "busy": ["J8"]}}
-    assert row(jobs.table(starting), "J8")[1:3] == ["starting, no supervisor on n4", "n4"]
+    assert row(node_jobs.table(starting), "J8")[1:3] == ["starting, no supervisor on n4", "n4"]
 
 
 def test_a_finished_job_keeps_its_state_without_a_supervisor() -> None:
     failed = status_dict(state="failed", nodes=["n0"], updated=10.0, elapsed=2.0)
-    lines = jobs.table({"n0": {"jobs": {"J5": job_item(failed, ["n0"], max_restarts=1)}, "busy": []}})
+    lines = node_jobs.table({"n0": {"jobs": {"J5": job_item(failed, ["n0"], max_restarts=1)}, "busy": []}})
     assert row(lines, "J5")[:3] == ["J5", "failed", "n0"]
     assert row(lines, "J5")[-1] == "0/1"
 
 
 def test_a_job_known_only_from_a_node_without_its_status_is_shown_with_question_marks() -> None:
     """Its first node (with status.json and the supervisor) is down; a rank runs on n1."""
-    lines = jobs.table(
+    lines = node_jobs.table(
         {"n1": {"jobs": {"J3": job_item(None, ["n0", "n1"])}, "busy": ["J3"]}}, {"n0": "no answer"}
     )
     cells = row(lines, "J3")
@@ -377,14 +378,14 @@ def test_jobs_are_listed_oldest_update_first() -> None:
             "busy": [],
         }
     }
-    assert [line.split()[0] for line in jobs.table(reports)[1:3]] == ["old", "new"]
+    assert [line.split()[0] for line in node_jobs.table(reports)[1:3]] == ["old", "new"]
 
 
 def test_no_job_on_the_nodes() -> None:
-    lines = jobs.table({"n0": {"jobs": {}, "busy": []}, "n1": {"node": "n1"}}, {"n2": "x" * 300})
+    lines = node_jobs.table({"n0": {"jobs": {}, "busy": []}, "n1": {"node": "n1"}}, {"n2": "x" * 300})
     assert lines[1] == "(no job on these nodes)"
     assert lines[2:] == ["", "n0: free", "n1: free", f"n2: down ({'x' * 120})"]
-    assert jobs.table({}) == [lines[0], "(no job on these nodes)", ""]
+    assert node_jobs.table({}) == [lines[0], "(no job on these nodes)", ""]
 
 
 def test_the_jobs_processes_left_here_are_stopped_by_the_supervisors_own_sweep(

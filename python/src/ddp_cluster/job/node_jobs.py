@@ -4,7 +4,8 @@ The node answers with :mod:`ddp_cluster.supervisor.jobs` (in its container: the 
 processes that name them), whoever asks: the controller's check before a job starts (``ddp_job_node``: is the
 node busy?), ``jobs.yml`` (the list; ``-e stop=ID``), the controller's wait when it stops a job (Ctrl-C, its
 bound), and the supervisor looking for a free spare. So "which jobs run here" and "stop this job here" have
-one implementation, in the node.
+one implementation, in the node. :func:`table` merges the nodes' answers into the lines jobs.yml prints: each
+job (id, state, nodes, progress, started, restarts) and each node (free, busy with a job, down).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from ddp_cluster.job import status as job_status
 from ddp_cluster.job.transport import Transport, in_container
 
 MODULE = "ddp_cluster.supervisor.jobs"
@@ -76,3 +79,57 @@ def ask(
         said = (done.stderr.strip() or done.stdout.strip() or f"rc {done.rc}").splitlines()
         return {"changed": False, "down": f"its container does not answer: {said[-1][:200]}"}
     return {"changed": bool(stop), "report": report}
+
+
+def _started(found: Mapping[str, Any]) -> str:
+    updated, elapsed = found.get("updated") or 0, found.get("elapsed") or 0
+    if not updated:
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(updated) - float(elapsed)))
+
+
+def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> list[str]:
+    """The lines jobs.yml prints, from each node's :func:`node_report` (``down``: node -> why no report)."""
+    down = dict(down or {})
+    jobs: dict[str, dict[str, Any]] = {}
+    busy: dict[str, list[str]] = {}
+    for node, report in sorted(reports.items()):
+        for job in report.get("busy", []):
+            busy.setdefault(node, []).append(job)
+        for job, item in report.get("jobs", {}).items():
+            entry = jobs.setdefault(job, {"nodes": item.get("nodes", []), "status": None})
+            if item.get("status"):
+                entry.update(status=item["status"], first=node, supervisor=item.get("supervisor"))
+            entry["max_restarts"] = item.get("max_restarts", 0)
+    rows = [("job", "state", "nodes", "progress", "started", "restarts")]
+    order = sorted(jobs.items(), key=lambda pair: (pair[1].get("status") or {}).get("updated") or 0)
+    for job, entry in order:
+        found = entry.get("status") or {}
+        state = str(found.get("state") or "")
+        if not found:  # status.json is on the job's first node: it did not answer, or never ran it
+            state = "unknown (no status: its first node did not answer)"
+        elif state in ("starting", "running") and not entry.get("supervisor"):
+            state = f"{state}, no supervisor on {entry.get('first')}"
+        nodes = found.get("nodes") or entry.get("nodes") or []
+        progress = job_status.describe_progress(found.get("progress")) if found else "?"
+        restarts = f"{len(found.get('restarts') or [])}/{entry.get('max_restarts', 0)}"
+        rows.append((job, state, ",".join(nodes), progress[:60], _started(found) if found else "?", restarts))
+    widths = [max(len(str(row[index])) for row in rows) for index in range(len(rows[0]))]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    if len(rows) == 1:
+        lines.append("(no job on these nodes)")
+    lines.append("")
+    for node in sorted(set(reports) | set(down)):
+        if node in down:
+            lines.append(f"{node}: down ({down[node][:120]})")
+        elif busy.get(node):
+            lines.append(f"{node}: busy: {', '.join(busy[node])}")
+        else:
+            lines.append(f"{node}: free")
+    for job, entry in order:
+        for record in (entry.get("status") or {}).get("restarts") or []:
+            lines.append(f"{job}: {job_status.describe_restart(record)}")
+    return lines

@@ -12,10 +12,8 @@ as the controller's bound does) and waited for; the job's processes still here a
 supervisor's own sweep, :meth:`ddp_cluster.supervisor.remote.Mesh.sweep`); a status left ``running`` by a
 supervisor that is gone is closed as failed, so that ``train.yml -e attach=ID`` collects it.
 
-On the controller :func:`table` merges the nodes' documents into the lines jobs.yml prints: each job (id,
-state, nodes, progress, started, restarts) and each node (free, busy with a job, down).
-
-Standard library only: it runs in the node image's Python and on the controller.
+The controller asks it and reads its answer with :mod:`ddp_cluster.job.node_jobs` (which prints jobs.yml's
+table). Standard library only: it runs in the node image's Python.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -47,7 +45,6 @@ RANKS_WAIT = 20.0  # seconds for a job's processes to end on a node whose superv
 STOP_REASON = "stop-reason"
 
 
-# --- on a node ---------------------------------------------------------------------------------------------
 def processes(jobs_dir: str) -> dict[int, str]:
     """pid -> command line of every process (but this one) whose command line names a job's directory."""
     found: dict[int, str] = {}
@@ -174,61 +171,6 @@ def stop_here(jobs_dir: str, job: str, reason: str) -> dict[str, Any]:
         write_atomic(folder / job_status.FILE, closed.dumps().encode())
         done["closed"] = True
     return done
-
-
-# --- on the controller -------------------------------------------------------------------------------------
-def _started(found: Mapping[str, Any]) -> str:
-    updated, elapsed = found.get("updated") or 0, found.get("elapsed") or 0
-    if not updated:
-        return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(updated) - float(elapsed)))
-
-
-def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> list[str]:
-    """The lines jobs.yml prints, from each node's :func:`node_report` (``down``: node -> why no report)."""
-    down = dict(down or {})
-    jobs: dict[str, dict[str, Any]] = {}
-    busy: dict[str, list[str]] = {}
-    for node, report in sorted(reports.items()):
-        for job in report.get("busy", []):
-            busy.setdefault(node, []).append(job)
-        for job, item in report.get("jobs", {}).items():
-            entry = jobs.setdefault(job, {"nodes": item.get("nodes", []), "status": None})
-            if item.get("status"):
-                entry.update(status=item["status"], first=node, supervisor=item.get("supervisor"))
-            entry["max_restarts"] = item.get("max_restarts", 0)
-    rows = [("job", "state", "nodes", "progress", "started", "restarts")]
-    order = sorted(jobs.items(), key=lambda pair: (pair[1].get("status") or {}).get("updated") or 0)
-    for job, entry in order:
-        found = entry.get("status") or {}
-        state = str(found.get("state") or "")
-        if not found:  # status.json is on the job's first node: it did not answer, or never ran it
-            state = "unknown (no status: its first node did not answer)"
-        elif state in ("starting", "running") and not entry.get("supervisor"):
-            state = f"{state}, no supervisor on {entry.get('first')}"
-        nodes = found.get("nodes") or entry.get("nodes") or []
-        progress = job_status.describe_progress(found.get("progress")) if found else "?"
-        restarts = f"{len(found.get('restarts') or [])}/{entry.get('max_restarts', 0)}"
-        rows.append((job, state, ",".join(nodes), progress[:60], _started(found) if found else "?", restarts))
-    widths = [max(len(str(row[index])) for row in rows) for index in range(len(rows[0]))]
-    lines = [
-        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    if len(rows) == 1:
-        lines.append("(no job on these nodes)")
-    lines.append("")
-    for node in sorted(set(reports) | set(down)):
-        if node in down:
-            lines.append(f"{node}: down ({down[node][:120]})")
-        elif busy.get(node):
-            lines.append(f"{node}: busy: {', '.join(busy[node])}")
-        else:
-            lines.append(f"{node}: free")
-    for job, entry in order:
-        for record in (entry.get("status") or {}).get("restarts") or []:
-            lines.append(f"{job}: {job_status.describe_restart(record)}")
-    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
