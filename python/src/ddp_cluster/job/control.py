@@ -44,6 +44,7 @@ from ddp_cluster.job import status as job_status
 from ddp_cluster.job.spec import BUNDLE_FILE
 from ddp_cluster.job.status import Status
 from ddp_cluster.job.transport import Transport, Unreachable, in_container
+from ddp_cluster.runtime import checkpoint_names
 
 # Seconds past job_timeout before the controller stops a job whose supervisor did not end it; and to wait for
 # the supervisor's last word after a stop.
@@ -93,13 +94,13 @@ def start_command(plan: Mapping[str, Any], node: str, bundle: str, checkpoint: s
     job's directory, then the supervisor started detached in the node container."""
     where = shlex.quote(str(plan["host_dirs"][node]))
     steps = [
-        f"mkdir -p {where}/output/checkpoints",
+        f"mkdir -p {where}/output/{checkpoint_names.FOLDER}",
         f"cp {shlex.quote(bundle)} {where}/{BUNDLE_FILE}",
         f"tar -xzf {where}/{BUNDLE_FILE} -C {where}",
     ]
     if checkpoint:
         name = shlex.quote(Path(checkpoint).name)
-        steps.append(f"cp {shlex.quote(checkpoint)} {where}/output/checkpoints/{name}")
+        steps.append(f"cp {shlex.quote(checkpoint)} {where}/output/{checkpoint_names.FOLDER}/{name}")
     job_dir = shlex.quote(str(plan["job_dir"]))
     supervise = (
         f". {node_jobs.NODE_ENV} && exec python -m ddp_cluster.supervise --job-dir {job_dir}"
