@@ -6,10 +6,11 @@ The package is grouped by where its code runs, which says what each part may imp
     errors, files, cli      the base: one error class tree, atomic writes, ``ddp-cluster SUBCOMMAND``
     accelerators/           cpu, gpu, npu: device kind, backend, visible-devices variable, topology (no torch)
     ascend/                 device-IP plans, rank tables, hccn_tool (``hccn`` ships to servers: stdlib, 3.8)
-    image/                  the node image (controller): base image, its probe, where it is built, its tag, the
-                            base's pull, the distribution (``distribute`` also ships as module_utils)
+    image/                  the node image (controller): base image, its probe, where it is built, its tag,
+                            the base's pull, the distribution (``distribute`` also ships as module_utils)
+    inventory/              the controller's reading of the inventory for the playbooks' filters
     server/                 a server's own Python (stdlib, 3.8): shipped as the roles' module_utils
-    job/                    the controller's job: spec, plan, status, results, report, doctor, plot
+    job/                    the controller's job: request, spec, plan, bundle, lifecycle, status, results, report
     supervisor/             the first node's supervisor: launcher, failures, liveness, the node's jobs
     runtime/                every rank (torch): training loop, config, dist env, device, checkpoints, data
     health/                 the health gate: rank side (torch) and the controller's judgement
