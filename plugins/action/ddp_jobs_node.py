@@ -34,7 +34,7 @@ class ActionModule(ActionBase):
         variables = task_vars or {}
         node = str(variables["inventory_hostname"])
         stop = str(self._task.args.get("stop") or "")
-        if stop and not node_jobs.JOB_ID.match(stop):
+        if stop and not node_jobs.JOB_ID.fullmatch(stop):
             return {**result, "failed": True, "msg": f"stop={stop} is not a job id: jobs.yml lists them"}
         if self._task.check_mode and stop:
             return {**result, "skipped": True, "msg": f"check mode: job {stop} would be stopped here"}

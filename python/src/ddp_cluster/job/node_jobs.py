@@ -23,7 +23,8 @@ from ddp_cluster.job.transport import Transport, in_container
 MODULE = "ddp_cluster.supervisor.jobs"
 # The node image's environment (its Python, the package): docker exec starts no login shell.
 NODE_ENV = "/etc/ddp-cluster/env.sh"
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# A job's id: its directory's name on every node (checked before it goes into a command line).
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def jobs_dir(job_dir: str) -> str:

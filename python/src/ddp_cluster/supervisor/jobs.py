@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.files import write_atomic
+from ddp_cluster.job import node_jobs
 from ddp_cluster.job import status as job_status
 from ddp_cluster.supervisor.remote import Mesh
 
-JOB_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+JOB_ID = node_jobs.JOB_ID.pattern
 # The newest jobs listed per node (by their directory's time), besides those that run.
 NEWEST = 20
 STOP_WAIT = 60.0  # seconds for a supervisor to stop its job
@@ -184,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs_dir = args.jobs_dir.rstrip("/")
     stopped = None
     if args.stop:
-        if not re.fullmatch(JOB_ID, args.stop):
+        if not node_jobs.JOB_ID.fullmatch(args.stop):
             parser.error(f"--stop {args.stop!r} is not a job id")
         stopped = stop_here(jobs_dir, args.stop, args.reason)
     report = node_report(jobs_dir)
