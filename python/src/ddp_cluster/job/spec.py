@@ -235,7 +235,7 @@ class JobSpec:
         # The daemons' wire-up, as Open MPI 4.1 does it by default, pinned against a site's
         # openmpi-mca-params.conf: mpirun starts its direct children over ssh, WIREUP_CONCURRENT at a time,
         # and each daemon starts its own children (tree spawn; every node may ssh to every other: the mesh),
-        # WIREUP_RADIX per level, so 1152 nodes are two levels deep (docs/SCALE.md).
+        # WIREUP_RADIX per level, so 1152 nodes are two levels deep (docs/scale.md).
         argv += [
             "--mca",
             "plm_rsh_no_tree_spawn",
