@@ -43,7 +43,7 @@ help:
 # the package bare, and the four collections the roles use, unpacked from the pinned `ansible` release's wheel
 # (scripts/install-collections.sh; the whole release is some 480 MB of collections).
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements/controller.txt requirements/collections.txt python/pyproject.toml
+$(VENV)/.installed: requirements/controller.txt requirements/collections.txt scripts/install-collections.sh python/pyproject.toml
 	@python=$$(PYTHON='$(PYTHON)' scripts/find-python.sh $(VENV)); \
 	if [ -n "$$python" ]; then rm -rf $(VENV); echo "$$python -m venv $(VENV)"; "$$python" -m venv $(VENV); fi
 	$(BIN)/pip install --quiet -r requirements/controller.txt -e python
