@@ -29,14 +29,6 @@ def assert_stopped_before_any_change(result: PlaybookResult, message: str) -> No
         ({"cluster_accelerator": "npu", "cluster_nproc_per_node": 3}, "(npu: 1, 2, 4 or 8)"),
         ({"cluster_master_port": 12345}, "cluster_ssh_port and cluster_master_port are both 12345"),
         ({"cluster_network_mode": "host"}, "every node needs a machine of its own"),
-        (
-            {"cluster_preflight_npu_tls": 1},
-            "cluster_preflight_npu_tls is no longer read: set hccn_network_tls instead",
-        ),
-        (
-            {"ddp_job_state_dir": "/srv/jobs"},
-            "ddp_job_state_dir is no longer read: set cluster_state_dir instead",
-        ),
     ],
     ids=[
         "accelerator",
@@ -46,8 +38,6 @@ def assert_stopped_before_any_change(result: PlaybookResult, message: str) -> No
         "npu-nproc",
         "same-ports",
         "host-net-shared",
-        "earlier-tls-setting",
-        "earlier-state-dir",
     ],
 )
 def test_bad_setting_is_named(extravars: dict[str, object], message: str) -> None:
