@@ -143,7 +143,7 @@ Figures = tuple[float, float]  # samples per second of wall time, per CPU second
 
 def measure_ddp_cluster(args: argparse.Namespace, nproc: int, scratch: Path) -> Figures:
     out = Path(tempfile.mkdtemp(dir=scratch))
-    command = [sys.executable, "-m", "ddp_cluster.runtime.train", "--dataset", "synthetic"]
+    command = [sys.executable, "-m", "ddp_cluster.train", "--dataset", "synthetic"]
     command += ["--output-dir", str(out), "--log-every", str(args.log_every)]
     launch([*command, *common_flags(args)], nproc, args.timeout)
     summary = json.loads((out / "summary.json").read_text())

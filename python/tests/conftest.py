@@ -106,7 +106,7 @@ def launch_training(
     for rank in range(nproc):
         out = open(logs / f"rank{rank}.out", "w")  # noqa: SIM115 (closed below)
         err = open(logs / f"rank{rank}.err", "w")  # noqa: SIM115
-        command = [sys.executable, "-m", "ddp_cluster.runtime.train", "--output-dir", str(output_dir), *args]
+        command = [sys.executable, "-m", "ddp_cluster.train", "--output-dir", str(output_dir), *args]
         env = rank_environ(style, rank, nproc, port)
         procs.append((subprocess.Popen(command, stdout=out, stderr=err, env=env), out, err))
     deadline = time.monotonic() + timeout

@@ -40,7 +40,7 @@ def run_gate(
             "DDP_LAUNCHER": "torchrun",
         }
         env |= (extra_env or {}).get(rank, {})
-        command = [sys.executable, "-m", "ddp_cluster.health.gate", "--output-dir", str(out), *QUICK]
+        command = [sys.executable, "-m", "ddp_cluster.gate", "--output-dir", str(out), *QUICK]
         procs.append(
             subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )

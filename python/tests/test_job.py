@@ -92,12 +92,12 @@ def test_what_the_spec_implies() -> None:
 @pytest.mark.parametrize(
     ("changes", "program"),
     [
-        ({}, ["-m", "ddp_cluster.runtime.train", "--output-dir", "/workspace/jobs/j1/output"]),
+        ({}, ["-m", "ddp_cluster.train", "--output-dir", "/workspace/jobs/j1/output"]),
         (
             {"resume": True, "script_args": ["--epochs", "9"]},
             [
                 "-m",
-                "ddp_cluster.runtime.train",
+                "ddp_cluster.train",
                 "--output-dir",
                 "/workspace/jobs/j1/output",
                 "--resume",
@@ -107,17 +107,17 @@ def test_what_the_spec_implies() -> None:
         ),
         (
             {"script": "/home/u/train_me.py"},
-            ["-m", "ddp_cluster.runtime.run", "/workspace/jobs/j1/train_me.py"],
+            ["-m", "ddp_cluster.run", "/workspace/jobs/j1/train_me.py"],
         ),
         (
             {"script": "src/train.py", "workdir": True},
-            ["-m", "ddp_cluster.runtime.run", "/workspace/jobs/j1/workdir/src/train.py"],
+            ["-m", "ddp_cluster.run", "/workspace/jobs/j1/workdir/src/train.py"],
         ),
         (
             {"kind": "check", "script_args": ["--fraction", "0.5"]},
             [
                 "-m",
-                "ddp_cluster.health.gate",
+                "ddp_cluster.gate",
                 "--output-dir",
                 "/workspace/jobs/j1/output",
                 "--fraction",

@@ -96,12 +96,12 @@ def test_run_without_torch(no_torch_env: dict[str, str], tmp_path: Path) -> None
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
         "MASTER_ADDR": "node1",
     }
-    result = python(["-m", "ddp_cluster.runtime.run", str(script)], env, tmp_path)
+    result = python(["-m", "ddp_cluster.run", str(script)], env, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "2", "False"]
 
 
 def test_train_without_torch_says_what_to_install(no_torch_env: dict[str, str], tmp_path: Path) -> None:
-    result = python(["-m", "ddp_cluster.runtime.train", "--help"], no_torch_env, tmp_path)
+    result = python(["-m", "ddp_cluster.train", "--help"], no_torch_env, tmp_path)
     assert result.returncode == 1
-    assert "ddp_cluster.runtime.train needs torch" in result.stderr and "ddp-cluster[train]" in result.stderr
+    assert "ddp_cluster.train needs torch" in result.stderr and "ddp-cluster[train]" in result.stderr

@@ -222,7 +222,7 @@ def test_a_job_id_is_made_from_the_time_and_kept_for_the_job_after_its_gate(tmp_
     assert gate.base_id.startswith("20261124-100000-") and gate.spec.id == gate.base_id + "-preflight"
     assert (
         gate.run_dir.endswith(f"runs/{gate.base_id}/preflight")
-        and gate.spec.program()[1] == "ddp_cluster.health.gate"
+        and gate.spec.program()[1] == "ddp_cluster.gate"
     )
     after = inventory(tmp_path, previous=gate.to_dict(), gate_passed=gate.spec.id)
     job_plan = make(tmp_path, after, id="", preflight=True)
@@ -240,9 +240,9 @@ def test_a_script_is_shipped_by_its_file_name_and_run_through_ddp_cluster_run(tm
     for launcher in ("mpirun", "torchrun"):
         made = make(tmp_path, script="train_me.py", launcher=launcher)
         argv = made.spec.launch_argv()
-        assert argv[argv.index("ddp_cluster.runtime.run") - 1 :] == [
+        assert argv[argv.index("ddp_cluster.run") - 1 :] == [
             "-m",
-            "ddp_cluster.runtime.run",
+            "ddp_cluster.run",
             f"{JOB_DIR}/train_me.py",
             "--epochs",
             "2",
@@ -266,7 +266,7 @@ def test_a_project_is_packed_once_checked_and_is_the_ranks_working_directory(tmp
     assert again.packed["reused"] and archive.stat().st_mtime_ns == packed_at
     argv = again.spec.launch_argv()
     assert argv[argv.index("--wdir") + 1] == "/workspace/jobs/p1/workdir"
-    assert argv[argv.index("ddp_cluster.runtime.run") + 1] == "/workspace/jobs/p1/workdir/src/train.py"
+    assert argv[argv.index("ddp_cluster.run") + 1] == "/workspace/jobs/p1/workdir/src/train.py"
     plan.write_files(again)
     with tarfile.open(again.bundle) as bundle:
         assert sorted(bundle.getnames()) == ["job.json", "workdir/src/train.py"]
@@ -296,12 +296,12 @@ def test_the_gate_runs_the_jobs_launcher_and_environment_with_its_own_settings(t
             tmp_path, launcher=launcher, env={"NCCL_DEBUG": "INFO"}, kind="check", health_ignore=["torch"]
         )
         gate_argv = gate.spec.launch_argv()
-        program = gate_argv[gate_argv.index("ddp_cluster.health.gate") - 1 :]
-        assert program[:4] == ["-m", "ddp_cluster.health.gate", "--output-dir", f"{gate.spec.job_dir}/output"]
+        program = gate_argv[gate_argv.index("ddp_cluster.gate") - 1 :]
+        assert program[:4] == ["-m", "ddp_cluster.gate", "--output-dir", f"{gate.spec.job_dir}/output"]
         assert program[-2:] == ["--ignore", "torch"] and "--max-bytes" in program
         assert (
-            gate_argv[: gate_argv.index("ddp_cluster.health.gate") - 1]
-            == job_argv[: job_argv.index("ddp_cluster.runtime.train") - 1]
+            gate_argv[: gate_argv.index("ddp_cluster.gate") - 1]
+            == job_argv[: job_argv.index("ddp_cluster.train") - 1]
         )
         assert gate.spec.timeout == 300 and exported(gate_argv)["NCCL_DEBUG"] == "INFO"
 

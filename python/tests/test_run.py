@@ -63,7 +63,7 @@ def script(tmp_path: Path) -> Path:
 
 def run_module(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ddp_cluster.runtime.run", *args],
+        [sys.executable, "-m", "ddp_cluster.run", *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -156,7 +156,7 @@ def test_unmodified_torchrun_script_runs_under_openmpi_variables(
         port = sock.getsockname()[1]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "ddp_cluster.runtime.run", str(script)],
+            [sys.executable, "-m", "ddp_cluster.run", str(script)],
             env=base_environ
             | ompi(rank, 2, rank, 2)
             | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},

@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with process_group(env, placement, args.dist_timeout):
             result = run_gate(args, env, placement, nccl_logs)
     except DdpClusterError as error:
-        print(f"ddp_cluster.health.gate: {where(env)}: error: {error}", file=sys.stderr, flush=True)
+        print(f"ddp_cluster.gate: {where(env)}: error: {error}", file=sys.stderr, flush=True)
         return 2
     if result is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)

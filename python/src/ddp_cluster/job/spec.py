@@ -208,12 +208,12 @@ class JobSpec:
         entrypoint."""
         args = list(self.script_args)
         if self.kind != "train":
-            return ["-m", "ddp_cluster.health.gate", "--output-dir", f"{self.job_dir}/output", *args]
+            return ["-m", "ddp_cluster.gate", "--output-dir", f"{self.job_dir}/output", *args]
         if self.script:
             name = self.script if self.workdir else self.script.rsplit("/", 1)[-1]
-            return ["-m", "ddp_cluster.runtime.run", f"{self.working_directory()}/{name}", *args]
+            return ["-m", "ddp_cluster.run", f"{self.working_directory()}/{name}", *args]
         resume = ["--resume"] if self.resume else []
-        return ["-m", "ddp_cluster.runtime.train", "--output-dir", f"{self.job_dir}/output", *resume, *args]
+        return ["-m", "ddp_cluster.train", "--output-dir", f"{self.job_dir}/output", *resume, *args]
 
     def launch_argv(self) -> list[str]:
         """The launcher's argv, started on the first node. Every rank's command line holds ``job_dir/``.

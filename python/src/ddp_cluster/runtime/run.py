@@ -84,21 +84,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     as_module = args[0] == "-m"
     if as_module and len(args) < 2:
-        print(f"ddp_cluster.runtime.run: -m needs a module name\n{USAGE}", file=sys.stderr)
+        print(f"ddp_cluster.run: -m needs a module name\n{USAGE}", file=sys.stderr)
         return 2
     target, script_args = (args[1], args[2:]) if as_module else (args[0], args[1:])
     if not as_module and not Path(target).is_file():
         print(
-            f"ddp_cluster.runtime.run: error: script {target!r} not found (cwd {os.getcwd()})",
+            f"ddp_cluster.run: error: script {target!r} not found (cwd {os.getcwd()})",
             file=sys.stderr,
         )
         return 2
     try:
         variables = export_torchrun_variables()
-        announce_binding(int(variables["LOCAL_RANK"]), f"ddp_cluster.runtime.run: rank {variables['RANK']}")
+        announce_binding(int(variables["LOCAL_RANK"]), f"ddp_cluster.run: rank {variables['RANK']}")
         check_job_device()
     except DdpClusterError as error:
-        print(f"ddp_cluster.runtime.run: error: {error}", file=sys.stderr)
+        print(f"ddp_cluster.run: error: {error}", file=sys.stderr)
         return 2
     sys.argv = [target, *script_args]
     if not as_module:

@@ -41,7 +41,7 @@ try:
     from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, TensorDataset
 except ImportError as missing:  # the controller installs the package without torch
     raise ImportError(
-        f"ddp_cluster.runtime.train needs torch and numpy ({missing}): pip install 'ddp-cluster[train]'"
+        f"ddp_cluster.train needs torch and numpy ({missing}): pip install 'ddp-cluster[train]'"
     ) from missing
 
 from ddp_cluster.errors import CheckpointError, DdpClusterError
@@ -443,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with process_group(env, placement, config.dist_timeout):
             train(config, env, placement, data)
     except DdpClusterError as error:
-        print(f"ddp_cluster.runtime.train: {where(env)}: error: {error}", file=sys.stderr, flush=True)
+        print(f"ddp_cluster.train: {where(env)}: error: {error}", file=sys.stderr, flush=True)
         return 2
     return 0
 
