@@ -39,6 +39,7 @@ help:
 # The pinned ansible-core runs on Python 3.11 to 3.13 only, and pip's resolver says no more than "no matching
 # distribution" elsewhere: find-python.sh picks a supported interpreter or names the command that installs one,
 # keeps a .venv already on a supported Python and has one on another rebuilt.
+#
 # What running needs only (requirements/controller.txt): ansible-core, the Docker SDK, matplotlib for the loss plot,
 # the package bare, and the four collections the roles use, unpacked from the pinned `ansible` release's wheel
 # (scripts/install-collections.sh; the whole release is some 480 MB of collections).
