@@ -15,7 +15,7 @@ import yaml
 
 from ddp_cluster.ascend import cli as ddp_cli
 from ddp_cluster.ascend import hccn
-from ddp_cluster.ascend.cli import cli
+from ddp_cluster.ascend.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLE = REPO / "tests" / "doubles" / "hccn_tool"

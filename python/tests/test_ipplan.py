@@ -407,14 +407,14 @@ def test_violation_text_names_server_device_and_rule() -> None:
 
 
 def test_cli_check_ok(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ipplan.cli(["check", str(DATA / "pytorch_manual_two_servers.yml")]) == 0
+    assert ipplan.main(["check", str(DATA / "pytorch_manual_two_servers.yml")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("OK ") and out.count("\n") == 1
     assert "atlas-training, 2 server(s) x 8 device(s)" in out
 
 
 def test_cli_check_prints_every_violation(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ipplan.cli(["check", str(DATA / "pytorch_manual_broken.yml")]) == 1
+    assert ipplan.main(["check", str(DATA / "pytorch_manual_broken.yml")]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert "error [pair-subnet] server server1, device 5: " in lines[1]
     assert "error [device-count] server server2: 6 devices" in lines[3]
@@ -427,7 +427,7 @@ def test_cli_check_warnings_only_exit_0(tmp_path: Path, capsys: pytest.CaptureFi
     data["servers"][1]["device_count"] = 2
     path = tmp_path / "plan.yml"
     path.write_text(yaml.safe_dump(data))
-    assert ipplan.cli(["check", str(path)]) == 0
+    assert ipplan.main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "warning [device-count-uniform] server n1" in out
     assert "OK " in out and "1 warning(s)" in out
@@ -446,19 +446,19 @@ def test_cli_check_bad_input_exit_2(
 ) -> None:
     path = tmp_path / "plan.yml"
     path.write_text(text)
-    assert ipplan.cli(["check", str(path)]) == 2
+    assert ipplan.main(["check", str(path)]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_cli_missing_file_and_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert ipplan.cli(["check", str(tmp_path / "absent.yml")]) == 2
+    assert ipplan.main(["check", str(tmp_path / "absent.yml")]) == 2
     assert "cannot read" in capsys.readouterr().err
-    assert ipplan.cli([]) == 2
-    assert ipplan.cli(["frobnicate", "x.yml"]) == 2
+    assert ipplan.main([]) == 2
+    assert ipplan.main(["frobnicate", "x.yml"]) == 2
 
 
 def test_cli_expand(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ipplan.cli(["expand", str(DATA / "pytorch_manual_two_servers_seeded.yml")]) == 0
+    assert ipplan.main(["expand", str(DATA / "pytorch_manual_two_servers_seeded.yml")]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == manual_plan()
 
 

@@ -120,14 +120,14 @@ def test_warnings_do_not_block() -> None:
 
 
 def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ranktable.cli([str(DATA / "mindocr_manual_one_server.yml")]) == 0
+    assert ranktable.main([str(DATA / "mindocr_manual_one_server.yml")]) == 0
     assert capsys.readouterr().out == (DATA / "mindocr_manual_hccl_8p_10234567_127.0.0.1.json").read_text()
 
 
 def test_cli_writes_a_file_with_master(tmp_path: Path) -> None:
     out = tmp_path / "rank_table.json"
     assert (
-        ranktable.cli([str(DATA / "pytorch_manual_two_servers.yml"), "--master", "server1", "-o", str(out)])
+        ranktable.main([str(DATA / "pytorch_manual_two_servers.yml"), "--master", "server1", "-o", str(out)])
         == 0
     )
     table = json.loads(out.read_text())
@@ -136,24 +136,26 @@ def test_cli_writes_a_file_with_master(tmp_path: Path) -> None:
 
 
 def test_cli_invalid_plan_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert ranktable.cli([str(DATA / "pytorch_manual_broken.yml")]) == 1
+    assert ranktable.main([str(DATA / "pytorch_manual_broken.yml")]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "error [pair-subnet] server server1, device 5" in captured.err
 
 
 def test_cli_bad_input_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert ranktable.cli([str(DATA / "pytorch_manual_two_servers.yml"), "--master", "nobody"]) == 2
+    assert ranktable.main([str(DATA / "pytorch_manual_two_servers.yml"), "--master", "nobody"]) == 2
     assert "'nobody' is not a server" in capsys.readouterr().err
     plan = tmp_path / "plan.yml"
     plan.write_text("product: atlas-training\nnetmask: 255.255.255.0\n")
-    assert ranktable.cli([str(plan)]) == 2
+    assert ranktable.main([str(plan)]) == 2
     assert "missing key 'servers'" in capsys.readouterr().err
     assert (
-        ranktable.cli([str(DATA / "pytorch_manual_two_servers.yml"), "-o", str(tmp_path / "no" / "dir.json")])
+        ranktable.main(
+            [str(DATA / "pytorch_manual_two_servers.yml"), "-o", str(tmp_path / "no" / "dir.json")]
+        )
         == 2
     )
-    assert ranktable.cli([]) == 2
+    assert ranktable.main([]) == 2
 
 
 def test_ddp_cluster_dispatches_rank_table(capsys: pytest.CaptureFixture[str]) -> None:

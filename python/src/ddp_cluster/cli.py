@@ -45,9 +45,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 def entry(module_name: str) -> Callable[[Sequence[str]], int]:
     """The entry function of a subcommand's module."""
     module = importlib.import_module(module_name)
-    # TRANSITIONAL: report, doctor, health, ip-plan, rank-table and hccn still name theirs ``cli``; remove
-    # this fallback once they are renamed to ``main``.
-    found: Callable[[Sequence[str]], int] = getattr(module, "main", None) or module.cli
+    found: Callable[[Sequence[str]], int] = module.main
     return found
 
 

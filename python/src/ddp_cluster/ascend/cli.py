@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections.abc import Sequence
 
 from ddp_cluster.ascend import hccn
 from ddp_cluster.ascend.ipplan import plan_to_dict, read_plan_or_report
@@ -30,7 +31,7 @@ def run(argv: list[str]) -> tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
-def cli(argv: list[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("action", choices=["diff", "check"])
     parser.add_argument("plan", metavar="PLAN.yml")

@@ -584,7 +584,7 @@ def read_plan_or_report(path: str, prog: str) -> IpPlan | None:
     return None
 
 
-def cli(argv: list[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help and on usage errors

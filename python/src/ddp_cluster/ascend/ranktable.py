@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cli(argv: list[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     prog = "ddp-cluster rank-table"
     try:
         args = _parser().parse_args(argv)

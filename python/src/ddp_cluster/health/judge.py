@@ -473,7 +473,7 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
-def cli(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ddp-cluster health",
         description="Print a health gate's results (runs/<id>/health.json); exit 1 when the gate failed.",

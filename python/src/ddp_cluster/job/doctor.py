@@ -375,7 +375,7 @@ def render(run_dir: Path, findings: Sequence[Finding], width: int = 120) -> str:
     return "\n".join(out).rstrip()
 
 
-def cli(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ddp-cluster doctor",
         description="Name the likely cause of a failed job from its logs (exit 1 when one is named, else 0).",

@@ -221,7 +221,7 @@ def _gate(run_dir: Path, label: str, kind: str, out: Report) -> Report:
     return out
 
 
-def cli(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ddp-cluster report",
         description="Lay out a run's results and print its report (summary, health gate, failure, likely"
@@ -231,7 +231,7 @@ def cli(argv: Sequence[str]) -> int:
         "run_dir", type=Path, help="a run directory, runs/<job-id>/ (or runs/<job-id>/preflight)"
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(list(argv))
+    args = parser.parse_args(None if argv is None else list(argv))
     if not args.run_dir.is_dir():
         print(f"ddp-cluster report: {args.run_dir} is not a directory: give runs/<job-id>/", file=sys.stderr)
         return 2
