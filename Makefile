@@ -156,7 +156,7 @@ e2e: test-deps base-image registry
 sim-e2e: test-deps base-image registry
 	pytest -q -p no:cacheprovider tests/sim
 
-# Simulated servers (sim-server0...) with their own Docker engine, sshd and firewall: see README.md.
+# Simulated servers (sim-server0...) with their own Docker engine, sshd and firewall: see docs/sim.md.
 SIM_SERVERS ?= 2
 sim-up: venv registry
 	SIM_SERVERS=$(SIM_SERVERS) PYTHON=$(BIN)/python TORCH_VERSION=$(TORCH_VERSION) scripts/sim.sh up

@@ -154,12 +154,14 @@ TORCH_FILES = {
     "test_data.py",
     "test_device.py",
     "test_gate.py",
+    "test_gate_settings.py",
     "test_train.py",
     "test_train_ddp.py",
 }
 TORCH_TESTS = {
     "test_baseimage.py::test_the_probe_reads_its_own_interpreter_and_the_kept_closure",
     "test_cliargs.py::test_train_options_have_the_config_defaults",
+    "test_cliargs.py::test_the_jobs_default_arguments_are_options_of_the_entrypoint",
     "test_run.py::test_unmodified_torchrun_script_runs_under_openmpi_variables",
     "test_run.py::test_a_rank_that_cannot_use_the_jobs_accelerator_stops_naming_node_rank_and_reason",
 }
