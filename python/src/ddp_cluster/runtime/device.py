@@ -36,9 +36,8 @@ BACKEND_CHOICES = (
         backend for device in DEFAULT_BACKEND for backend in accelerators.by_device(device).backends
     ),
 )
-# The job's device, exported by train.yml to every rank (and read by user scripts); DDP_BACKEND likewise.
+# The job's device, exported by train.yml to every rank (and read by user scripts).
 DEVICE_VARIABLE = "DDP_DEVICE"
-BACKEND_VARIABLE = "DDP_BACKEND"
 # Which backends can move tensors of which device type.
 SUPPORTED_BACKENDS = {device: accelerators.by_device(device).backends for device in DEFAULT_BACKEND}
 
