@@ -107,3 +107,120 @@ def test_the_checker_finds_a_missing_file_and_anchor_and_skips_code(tmp_path: Pa
         "doc.md: (missing.md): no such file",
         "doc.md: (other.md#nowhere): no heading with anchor #nowhere",
     ]
+
+
+# --- names of the tree in the prose ------------------------------------------------------------------------
+PACKAGE = REPO / "python" / "src"
+# ddp_cluster.job.plan.make_plan, not a file name (plugins/filter/ddp_cluster.py); a placeholder
+# (ddp_cluster.X) is skipped by the check.
+DOTTED = re.compile(r"(?<![\w/.-])ddp_cluster(?:\.(?!py\b)[A-Za-z_]\w*)+")
+# The top-level directories a path in the prose starts with.
+TOP_DIRS = (
+    "roles playbooks python plugins scripts tests docker inventories bench molecule sim requirements docs .ci"
+)
+# `roles/ddp_job/tasks/main.yml` or `roles/ddp_job/tasks/main.yml:20-32`
+REPO_PATH = re.compile(rf"`((?:{'|'.join(map(re.escape, TOP_DIRS.split()))})/[^`\s:]*)(?::[0-9,-]+)?`")
+PLACEHOLDERS = {"KIND", "ROLE", "NODE", "JOB", "ID", "N", "DIR", "NAME", "SUITE"}
+
+
+def module_file(parts: list[str], root: Path = PACKAGE) -> tuple[Path | None, int]:
+    """The file of the longest module prefix of ``parts``, and how many parts it covers."""
+    for count in range(len(parts), 0, -1):
+        base = root.joinpath(*parts[:count])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate, count
+    return None, 0
+
+
+def defines(source: str, name: str) -> bool:
+    """Whether a module's text defines or imports ``name`` (a function, class, constant or field)."""
+    return bool(
+        re.search(
+            rf"^\s*(?:async\s+)?(?:def|class)\s+{name}\b|^\s*{name}\s*[:=]|\bimport\b.*\b{name}\b",
+            source,
+            re.M,
+        )
+    )
+
+
+def unknown_names(path: Path, root: Path = PACKAGE) -> list[str]:
+    """One line per ``ddp_cluster.X.Y`` of PATH that is no module of the package, nor a name one defines (the
+    first name after the module is checked: ``ddp_cluster.job.plan.Plan``, not ``Plan.to_dict``)."""
+    problems = []
+    for match in DOTTED.finditer(path.read_text(encoding="utf-8")):
+        parts = match[0].split(".")
+        if any(part.isupper() for part in parts):
+            continue  # a placeholder: ddp_cluster.X
+        found, count = module_file(parts, root)
+        if found is None or count < 2:
+            problems.append(f"{match[0]}: no such module of the package")
+        elif count < len(parts) and not defines(found.read_text(encoding="utf-8"), parts[count]):
+            problems.append(f"{match[0]}: {'.'.join(parts[:count])} defines no {parts[count]}")
+    return problems
+
+
+def missing_paths(path: Path, root: Path = REPO) -> list[str]:
+    """One line per repository path in a code span of PATH (roles/..., python/..., ...) that is not there."""
+    problems = []
+    for match in REPO_PATH.finditer(path.read_text(encoding="utf-8")):
+        name = match[1].rstrip("/")
+        if re.search(r"[<>*{}]|\.\.\.", name) or set(re.findall(r"[A-Z]+", name)) & PLACEHOLDERS:
+            continue
+        if not (root / name).exists():
+            problems.append(f"{name}: no such file or directory")
+    return problems
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=lambda path: str(path.relative_to(REPO)))
+def test_every_package_name_and_repository_path_exists(path: Path) -> None:
+    problems = unknown_names(path) + missing_paths(path)
+    assert problems == [], f"{path.relative_to(REPO)}:\n" + "\n".join(problems)
+
+
+def test_the_name_checker_finds_a_moved_module_and_a_missing_path(tmp_path: Path) -> None:
+    package = tmp_path / "ddp_cluster"
+    (package / "job").mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "job" / "__init__.py").write_text("", encoding="utf-8")
+    (package / "job" / "plan.py").write_text("def make_plan():\n    pass\nLIMIT = 3\n", encoding="utf-8")
+    (tmp_path / "roles").mkdir()
+    (tmp_path / "plugins" / "filter").mkdir(parents=True)
+    (tmp_path / "plugins" / "filter" / "ddp_cluster.py").write_text("", encoding="utf-8")
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "`ddp_cluster.job.plan.make_plan`, ddp_cluster.job.plan.LIMIT, ddp_cluster.job, ddp_cluster.X,\n"
+        "`plugins/filter/ddp_cluster.py`, `ddp_cluster.jobs`, ddp_cluster.job.plan.gone,\n"
+        "`roles/`, `roles/KIND_host/`, `roles/gone/tasks/main.yml:3`\n",
+        encoding="utf-8",
+    )
+    assert unknown_names(doc, root=tmp_path) == [
+        "ddp_cluster.jobs: no such module of the package",
+        "ddp_cluster.job.plan.gone: ddp_cluster.job.plan defines no gone",
+    ]
+    assert missing_paths(doc, root=tmp_path) == ["roles/gone/tasks/main.yml: no such file or directory"]
+
+
+# --- the README's cheat sheet ------------------------------------------------------------------------------
+def cheat_sheet() -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return text[text.index("## Cheat sheet") : text.index("## Documentation")]
+
+
+def test_the_cheat_sheet_lists_every_playbook_make_target_and_subcommand() -> None:
+    sheet = cheat_sheet()
+    playbooks = [path.name for path in sorted(REPO.glob("*.yml"))]
+    # make help's lines: "make TARGET   what it does" (a line may name two: "make sim-up ... sim-down ...")
+    help_lines = re.findall(r'^\t@echo "make ([\w-]+)', (REPO / "Makefile").read_text(encoding="utf-8"), re.M)
+    cli = (REPO / "python/src/ddp_cluster/cli.py").read_text(encoding="utf-8")
+    subcommands = re.findall(r'^    "([\w-]+)": \(', cli, re.M)
+    assert playbooks and help_lines and subcommands
+    missing = [f"playbook {name}" for name in playbooks if f"`{name}`" not in sheet]
+    missing += [f"make {target}" for target in help_lines if f"`make {target}`" not in sheet]
+    missing += [f"ddp-cluster {name}" for name in subcommands if f"ddp-cluster {name} " not in sheet]
+    assert missing == [], "README.md's cheat sheet lacks: " + ", ".join(missing)
+
+
+def test_the_readme_stays_short() -> None:
+    lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 300, f"README.md has {lines} lines: the details belong in docs/"
