@@ -1,4 +1,4 @@
-"""What site.yml costs per node: the container stage is one module run per node (issue 26).
+"""What site.yml costs per node: the container stage is one module run per node.
 
 A 4-node bring-up from nothing, with a callback (tests/callbacks/ddp_module_runs.py) writing one line per
 module run; then a warm re-run; then the cluster goes back to the 2 nodes the other tests use. Runs after

@@ -24,7 +24,7 @@ from ddp_cluster.ascend.ipplan import (
 DATA = Path(__file__).parent / "data"
 
 # The Ascend PyTorch DDP manual, "在AI Server0上配置device IP" / "在AI Server1上配置device IP".
-SEED000_SERVER0 = [
+MANUAL_SERVER0 = [
     "192.168.100.101",
     "192.168.101.101",
     "192.168.102.101",
@@ -34,7 +34,7 @@ SEED000_SERVER0 = [
     "192.168.102.100",
     "192.168.103.100",
 ]
-SEED000_SERVER1 = [
+MANUAL_SERVER1 = [
     "192.168.100.111",
     "192.168.101.111",
     "192.168.102.111",
@@ -51,8 +51,8 @@ def manual_plan() -> dict[str, Any]:
         "product": "atlas-training",
         "netmask": "255.255.255.0",
         "servers": [
-            {"host": "server0", "host_ip": "192.168.1.22", "device_ips": list(SEED000_SERVER0)},
-            {"host": "server1", "host_ip": "192.168.1.23", "device_ips": list(SEED000_SERVER1)},
+            {"host": "server0", "host_ip": "192.168.1.22", "device_ips": list(MANUAL_SERVER0)},
+            {"host": "server1", "host_ip": "192.168.1.23", "device_ips": list(MANUAL_SERVER1)},
         ],
     }
 
@@ -85,13 +85,13 @@ def found(data: Any) -> set[tuple[str | None, int | None, str]]:
 
 def test_pytorch_manual_two_servers_pass() -> None:
     plan = load_plan(DATA / "pytorch_manual_two_servers.yml")
-    assert [list(s.device_ips) for s in plan.servers] == [SEED000_SERVER0, SEED000_SERVER1]
+    assert [list(s.device_ips) for s in plan.servers] == [MANUAL_SERVER0, MANUAL_SERVER1]
     assert check_plan(plan) == []
 
 
 def test_pytorch_manual_seed_form_expands_to_the_seeds_addresses() -> None:
     plan = load_plan(DATA / "pytorch_manual_two_servers_seeded.yml")
-    assert [list(s.device_ips) for s in plan.servers] == [SEED000_SERVER0, SEED000_SERVER1]
+    assert [list(s.device_ips) for s in plan.servers] == [MANUAL_SERVER0, MANUAL_SERVER1]
     assert check_plan(plan) == []
 
 
@@ -151,7 +151,7 @@ def test_a2_a3_seed_counts_up(product: str) -> None:
 def test_seed_device_count() -> None:
     data = manual_plan()
     data["servers"] = [{"host_ip": "172.16.0.1", "device_ip_seed": "192.168.100.101", "device_count": "4"}]
-    assert list(plan_from_dict(data).servers[0].device_ips) == SEED000_SERVER0[:4]
+    assert list(plan_from_dict(data).servers[0].device_ips) == MANUAL_SERVER0[:4]
 
 
 def test_seed_with_host_number_one_puts_devices_on_network_addresses() -> None:
@@ -164,14 +164,14 @@ def test_seed_with_host_number_one_puts_devices_on_network_addresses() -> None:
 
 
 def test_pair_subnet() -> None:
-    ips = list(SEED000_SERVER0)
+    ips = list(MANUAL_SERVER0)
     ips[6] = "192.168.103.99"  # device 6 must share device 2's subnet 192.168.102.0/24
     # ... and now device 7 (192.168.103.100) no longer has a subnet of its own among devices 4-7.
     assert found(one_server(ips)) == {("n1", 6, "pair-subnet"), ("n1", 7, "distinct-subnets")}
 
 
 def test_distinct_subnets() -> None:
-    ips = list(SEED000_SERVER0)
+    ips = list(MANUAL_SERVER0)
     ips[1], ips[5] = "192.168.100.201", "192.168.100.200"  # devices 1/5 on devices 0/4's subnet
     assert found(one_server(ips)) == {("n1", 1, "distinct-subnets"), ("n1", 5, "distinct-subnets")}
 
@@ -199,12 +199,12 @@ def test_position_subnet_on_two_servers_blames_the_device_that_breaks_its_own_la
 
 @pytest.mark.parametrize("count", [1, 2, 4, 8])
 def test_training_allows_1_2_4_8_devices(count: int) -> None:
-    assert found(one_server(SEED000_SERVER0[:count])) == set()
+    assert found(one_server(MANUAL_SERVER0[:count])) == set()
 
 
 @pytest.mark.parametrize("count", [3, 5, 6, 7])
 def test_training_rejects_other_device_counts(count: int) -> None:
-    assert found(one_server(SEED000_SERVER0[:count])) == {("n1", None, "device-count")}
+    assert found(one_server(MANUAL_SERVER0[:count])) == {("n1", None, "device-count")}
 
 
 def test_six_devices_is_fine_on_a2_but_nine_is_not() -> None:
@@ -220,7 +220,7 @@ def test_no_devices() -> None:
 
 def test_uneven_counts_error_on_training() -> None:
     data = manual_plan()
-    data["servers"][1]["device_ips"] = SEED000_SERVER1[:4]
+    data["servers"][1]["device_ips"] = MANUAL_SERVER1[:4]
     violations = check_plan(plan_from_dict(data))
     assert [(v.server, v.rule, v.severity) for v in violations] == [
         ("server1", "device-count-uniform", "error")
@@ -254,7 +254,7 @@ def test_last_octet_within_one_subnet() -> None:
 
 @pytest.mark.parametrize("bad", ["192.168.100.256", "192.168.100", "abc", " 192.168.100.101", "1.2.3.04"])
 def test_invalid_addresses(bad: str) -> None:
-    ips = list(SEED000_SERVER0)
+    ips = list(MANUAL_SERVER0)
     ips[2] = bad
     assert found(one_server(ips)) == {("n1", 2, "ip-valid")}
 
@@ -266,7 +266,7 @@ def test_network_and_broadcast_addresses() -> None:
 
 def test_duplicate_address_across_servers() -> None:
     data = manual_plan()
-    data["servers"][1]["device_ips"][2] = SEED000_SERVER0[2]
+    data["servers"][1]["device_ips"][2] = MANUAL_SERVER0[2]
     violations = check_plan(plan_from_dict(data))
     assert [(v.server, v.device, v.rule) for v in violations] == [("server1", 2, "ip-unique")]
     assert "device 2 of server0" in violations[0].message
@@ -274,7 +274,7 @@ def test_duplicate_address_across_servers() -> None:
 
 def test_device_address_equal_to_a_host_address() -> None:
     data = manual_plan()
-    data["servers"][0]["host_ip"] = SEED000_SERVER1[0]
+    data["servers"][0]["host_ip"] = MANUAL_SERVER1[0]
     assert found(data) == {("server1", 0, "ip-is-host")}
 
 
