@@ -3,7 +3,9 @@
 # bridge network ddp-sim (172.30.99.0/24, server N at .10+N), each with its own Docker engine, image store,
 # network namespace, sshd on port 22 (root by key only) and ufw on; `sim.sh down` removes them, their image
 # stores and the controller's access to them. Both sim inventories (inventories/sim, inventories/sim-ascend) use
-# these servers; see "Rehearse a real inventory on the sim" in README.md.
+# these servers; see "Rehearse a real inventory on the sim" in README.md. `sim.sh standins` builds only the
+# vendors' stand-ins (the CANN and NGC base images, the torch_npu wheel), which `up` builds too unless
+# SIM_STANDINS=0: the sim's tests build them beside the first stages, which do not need them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -192,14 +194,18 @@ build_torch_npu_wheel() {
     || die "could not build the torch_npu stand-in wheel"
 }
 
+standins() {
+  build_cann_standin
+  build_ngc_standin
+  build_torch_npu_wheel
+}
+
 up() {
   check_count
   scripts/ensure-docker.sh >/dev/null
   scripts/build-base-image.sh "$BASE_IMAGE" >/dev/null
   build_image "$SERVER_IMAGE" sim/server/Dockerfile sim/server sim/ascend tests/doubles/hccn_tool tests/doubles/npu-smi
-  build_cann_standin
-  build_ngc_standin
-  build_torch_npu_wheel
+  [ "${SIM_STANDINS:-1}" = 0 ] || standins
   ensure_network
   ensure_key
   local index
@@ -237,6 +243,11 @@ down() {
 
 case "${1:-}" in
   up) up ;;
+  standins)
+    scripts/ensure-docker.sh >/dev/null
+    scripts/build-base-image.sh "$BASE_IMAGE" >/dev/null
+    standins
+    ;;
   down) down ;;
-  *) die "usage: $0 up|down (SIM_SERVERS=N, 1 to 8, for up)" ;;
+  *) die "usage: $0 up|standins|down (SIM_SERVERS=N, 1 to 8, for up; SIM_STANDINS=0: up without the stand-ins)" ;;
 esac

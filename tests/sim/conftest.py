@@ -50,8 +50,13 @@ VERSIONS = (
 )
 
 
+SIM_ENV = {"SIM_SERVERS": "2", "PYTHON": str(REPO / ".venv" / "bin" / "python")}
+STANDINS_LOG = REPO / "build" / "sim" / "standins.log"
+
+
 def sim(*args: str) -> None:
-    env = os.environ | {"SIM_SERVERS": "2", "PYTHON": str(REPO / ".venv" / "bin" / "python")}
+    """scripts/sim.sh up or down; up leaves the vendors' stand-ins to the standins fixture."""
+    env = os.environ | SIM_ENV | {"SIM_STANDINS": "0"}
     done = subprocess.run(
         ["scripts/sim.sh", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )
@@ -130,7 +135,32 @@ def servers() -> Iterator[list[str]]:
 
 
 @pytest.fixture(scope="session")
-def sim_cluster(servers: list[str]) -> PlaybookResult:
+def standins_building(servers: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """scripts/sim.sh standins in the background from the servers' start: the vendors' stand-ins take minutes
+    on a new machine (the CANN one builds CPython), and the stages before the NGC and Ascend tests do not use
+    them."""
+    STANDINS_LOG.parent.mkdir(parents=True, exist_ok=True)
+    with STANDINS_LOG.open("w") as log:
+        building = subprocess.Popen(
+            ["scripts/sim.sh", "standins"], cwd=REPO, env=os.environ | SIM_ENV, stdout=log, stderr=log
+        )
+    try:
+        yield building
+    finally:
+        if building.poll() is None:
+            building.terminate()
+            building.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def standins(standins_building: subprocess.Popen[bytes]) -> None:
+    """The CANN and NGC base-image stand-ins and the torch_npu stand-in wheel, built."""
+    rc = standins_building.wait(timeout=1800)
+    assert rc == 0, STANDINS_LOG.read_text()[-6000:]
+
+
+@pytest.fixture(scope="session")
+def sim_cluster(servers: list[str], standins_building: subprocess.Popen[bytes]) -> PlaybookResult:
     for server in servers:
         assert on_server(server, "docker image ls -q | wc -l").stdout.strip() == "0"
         assert on_server(server, "python3 -c 'import requests'", check=False).returncode != 0
@@ -215,7 +245,7 @@ def write_doubles_config(server: str, config: dict[str, object]) -> None:
 
 
 @pytest.fixture(scope="session")
-def ascend_cluster(servers: list[str]) -> PlaybookResult:
+def ascend_cluster(servers: list[str], standins: None) -> PlaybookResult:
     # sim-server0's engine gets ascend-docker-runtime registered, as its installer does (the default runtime
     # too); sim-server1's has none.
     on_server("sim-server0", "/opt/ddp-sim/ascend/install-runtime.sh")

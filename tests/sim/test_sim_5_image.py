@@ -132,14 +132,21 @@ def registry_serving(config: Path, log_path: Path) -> Iterator[None]:
             registry.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def registry_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One store for the user's registries of this module: the second starts with the layers the first was
+    sent (as a user's registry holds earlier images'), so the whole image is pushed once, not twice."""
+    return tmp_path_factory.mktemp("users-registry-storage")
+
+
 @pytest.fixture
-def unreachable_registry(tmp_path: Path) -> Iterator[str]:
+def unreachable_registry(tmp_path: Path, registry_storage: Path) -> Iterator[str]:
     """A user's registry that the controller reaches and the servers do not: on the controller's own
     loopback."""
     port = REGISTRY_PORT + 1
     config = tmp_path / "config.yml"
     config.write_text(
-        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'storage'}\nhttp:\n"
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {registry_storage}\nhttp:\n"
         f"  addr: 127.0.0.1:{port}\n"
     )
     with registry_serving(config, tmp_path / "registry.log"):
@@ -172,7 +179,7 @@ def test_a_registry_the_servers_cannot_reach_stops_the_stage_naming_each_server(
 
 
 @pytest.fixture
-def users_registry(tmp_path: Path) -> Iterator[str]:
+def users_registry(tmp_path: Path, registry_storage: Path) -> Iterator[str]:
     """A second registry standing in for the user's (Harbor, a cloud one): TLS with its own CA, on the
     controller's address on the sim network, trusted by the controller's and each server's engine through
     certs.d (no restart)."""
@@ -186,7 +193,7 @@ def users_registry(tmp_path: Path) -> Iterator[str]:
     )  # fmt: skip
     config = tmp_path / "config.yml"
     config.write_text(
-        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'storage'}\n"
+        f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {registry_storage}\n"
         f"http:\n  addr: {address}\n  tls:\n    certificate: {cert}\n    key: {key}\n"
     )
     certs = [Path("/etc/docker/certs.d") / address]
@@ -241,7 +248,9 @@ def test_the_cluster_is_back_on_the_repositorys_code(
     assert done.rc == 0, done.stdout[-5000:]
 
 
-def test_an_ngc_base_keeps_its_own_torch_and_trains(sim_cluster: PlaybookResult, tmp_path: Path) -> None:
+def test_an_ngc_base_keeps_its_own_torch_and_trains(
+    sim_cluster: PlaybookResult, standins: None, tmp_path: Path
+) -> None:
     # NVIDIA's PyTorch container as a gpu inventory takes it (inventories/gpu-example): its own torch build,
     # which no index has, stays; the gpu requirements add only the rest. Then the cpu cluster runs on it.
     ngc_torch = subprocess.run(

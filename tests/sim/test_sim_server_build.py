@@ -1,4 +1,4 @@
-"""The node image built where the servers are (cluster_image_builder, issue 22), on simulated servers made
+"""The node image built where the servers are (cluster_image_builder), on simulated servers made
 fresh for this module, from a controller without Docker: no docker CLI on its PATH and no engine to reach.
 
 Both servers are bare (an engine, no image). ``auto`` builds on sim-server0: its engine makes the project's
