@@ -7,16 +7,15 @@ runs on the simulated servers (tests/sim/test_sim_5_image.py)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from rolemodule import run_role_module
 
 from ddp_cluster.image import distribute as dist
 
@@ -157,7 +156,6 @@ def test_the_build_servers_address_port_and_user_come_from_its_ssh_targets() -> 
 
 
 def test_the_source_sessions_lines_arrive_one_by_one_within_a_deadline() -> None:
-    import os
     import time
 
     read, write = os.pipe()
@@ -191,7 +189,6 @@ def test_a_server_that_cannot_reach_the_build_server_is_told_what_to_check() -> 
 
 
 def test_docker_over_ssh_runs_the_servers_docker_through_the_controllers_ssh(tmp_path: Path) -> None:
-    import os
     import subprocess
 
     fake = tmp_path / "ssh"
@@ -257,28 +254,14 @@ def test_a_pull_past_the_bound_says_so() -> None:
 
 
 def test_the_module_runs_through_ansible_with_the_package_as_module_utils() -> None:
-    env = os.environ | {
-        "ANSIBLE_LIBRARY": str(ROLE / "library"),
-        "ANSIBLE_MODULE_UTILS": str(ROLE / "module_utils"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "json",
-        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-    }
     servers = [{"name": "a", "ssh": ["ssh", "a"]}]
-    arguments = json.dumps(
-        {
-            "image": "ddp-cluster/node:ab12",
-            "storage": "/nonexistent",
-            "registry": "h.example/ml",
-            "servers": servers,
-        }
-    )
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
-         "-m", "ddp_image_distribute", "-a", arguments, "--check"],
-        capture_output=True, text=True, env=env, cwd="/", timeout=120,
-    )  # fmt: skip
-    result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    arguments = {
+        "image": "ddp-cluster/node:ab12",
+        "storage": "/nonexistent",
+        "registry": "h.example/ml",
+        "servers": servers,
+    }
+    result = run_role_module("training_image", "ddp_image_distribute", arguments, check=True)
     assert result["changed"] and result["reference"] == "h.example/ml/ddp-cluster/node:ab12", result
 
 

@@ -5,13 +5,12 @@ collect step runs in every train.yml e2e test."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 from typing import Any
+
+from rolemodule import run_role_module
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "ddp_job"
@@ -19,29 +18,8 @@ ANSIBLE = Path(sys.executable).parent / "ansible"
 
 
 def run(job_dir: Path, check: bool = False) -> dict[str, Any]:
-    env = os.environ | {
-        "ANSIBLE_LIBRARY": str(ROLE / "library"),
-        "ANSIBLE_MODULE_UTILS": str(ROLE / "module_utils"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "json",
-        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-    }
-    arguments = json.dumps({"job_dir": str(job_dir), "archive": str(job_dir / "results.tar.gz")})
-    command = [
-        str(ANSIBLE),
-        "localhost",
-        "-i",
-        "localhost,",
-        "-c",
-        "local",
-        "-m",
-        "ddp_job_pack",
-        "-a",
-        arguments,
-    ]
-    done = subprocess.run(command + (["--check"] if check else []), capture_output=True, text=True, env=env)
-    result: dict[str, Any] = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    return result
+    arguments = {"job_dir": str(job_dir), "archive": str(job_dir / "results.tar.gz")}
+    return run_role_module("ddp_job", "ddp_job_pack", arguments, check=check)
 
 
 def job(tmp_path: Path) -> Path:

@@ -5,11 +5,11 @@ python/tests/test_server_mesh.py; the mesh itself runs in molecule's ssh_mesh sc
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from rolemodule import run_role_module
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "ssh_mesh"
@@ -18,18 +18,7 @@ KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRI
 
 
 def run(tmp_path: Path, check: bool = False, diff: bool = True, **args: Any) -> dict[str, Any]:
-    env = os.environ | {
-        "ANSIBLE_LIBRARY": str(ROLE / "library"),
-        "ANSIBLE_MODULE_UTILS": str(ROLE / "module_utils"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "json",
-        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-    }
-    command = [str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-m", "ddp_mesh_files"]
-    command += ["-a", json.dumps(args)] + (["--check"] if check else []) + (["--diff"] if diff else [])
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
-    result: dict[str, Any] = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    return result
+    return run_role_module("ssh_mesh", "ddp_mesh_files", args, cwd=tmp_path, check=check, diff=diff)
 
 
 def files(tmp_path: Path, known: str = "[node1]:12345 ssh-ed25519 AAAA\n") -> dict[str, Any]:

@@ -6,12 +6,12 @@ tests (tests/test_site_scale.py counts the runs)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from rolemodule import run_role_module
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "node_container"
@@ -25,20 +25,11 @@ def run(tmp_path: Path, **args: Any) -> dict[str, Any]:
     double.parent.mkdir(exist_ok=True)
     double.write_text(DOCKER)
     double.chmod(0o755)
-    env = os.environ | {
-        "PATH": f"{double.parent}{os.pathsep}{os.environ['PATH']}",
-        "ANSIBLE_LIBRARY": str(ROLE / "library"),
-        "ANSIBLE_MODULE_UTILS": str(ROLE / "module_utils"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "json",
-        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-    }
-    command = [str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-m", "ddp_node_container"]
-    command += ["-a", json.dumps(args), "--check", "--diff"]
+    path = {"PATH": f"{double.parent}{os.pathsep}{os.environ['PATH']}"}
     # Outside the checkout, whose ansible.cfg would run the role's action (it needs a record) for the module.
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
-    result: dict[str, Any] = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    return result
+    return run_role_module(
+        "node_container", "ddp_node_container", args, cwd=tmp_path, check=True, diff=True, env=path
+    )
 
 
 def test_check_mode_says_what_it_would_do_and_touches_nothing(tmp_path: Path) -> None:
