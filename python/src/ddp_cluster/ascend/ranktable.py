@@ -79,18 +79,32 @@ def rank_table(
     host_nic_ip is written per server as hccl_tools.py does; None leaves the key out (the container training
     manual's form).
     """
+    _check(plan)
+    servers = order_servers(plan, master)
+    return _table([(server, range(len(server.device_ips))) for server in servers], host_nic_ip)
+
+
+def _check(plan: IpPlan) -> None:
+    """RankTableError (with .violations) when the plan breaks a rule that blocks it."""
     blocking = errors(check_plan(plan))
     if blocking:
         lines = "\n".join(f"  {violation}" for violation in blocking)
         raise RankTableError(f"the plan breaks {len(blocking)} rule(s):\n{lines}", blocking)
+
+
+def _table(placed: Sequence[tuple[Server, Sequence[int]]], host_nic_ip: str | None) -> dict[str, Any]:
+    """The version 1.0 table of servers in rank order, each with the devices its ranks use (ranks ascending
+    across servers, as hccl_tools.py numbers them)."""
     server_list: list[dict[str, Any]] = []
     rank = 0
-    for server in order_servers(plan, master):
-        devices = []
-        for device_id, device_ip in enumerate(server.device_ips):
-            devices.append({"device_id": str(device_id), "device_ip": device_ip, "rank_id": str(rank)})
+    for server, devices in placed:
+        entries = []
+        for device in devices:
+            entries.append(
+                {"device_id": str(device), "device_ip": server.device_ips[device], "rank_id": str(rank)}
+            )
             rank += 1
-        entry: dict[str, Any] = {"server_id": server.host_ip, "device": devices}
+        entry: dict[str, Any] = {"server_id": server.host_ip, "device": entries}
         if host_nic_ip is not None:
             entry["host_nic_ip"] = host_nic_ip
         server_list.append(entry)
@@ -150,17 +164,13 @@ def job_rank_table(
     ASCEND_RT_VISIBLE_DEVICES. The whole plan is checked first (device addresses of servers outside the job
     still must not clash); RankTableError names what does not fit.
     """
-    blocking = errors(check_plan(plan))
-    if blocking:
-        lines = "\n".join(f"  {violation}" for violation in blocking)
-        raise RankTableError(f"the plan breaks {len(blocking)} rule(s):\n{lines}", blocking)
+    _check(plan)
     if not nodes:
         raise RankTableError("the job has no nodes")
     if len(set(nodes)) != len(nodes):
         raise RankTableError(f"the job names a node twice: {', '.join(nodes)}")
     by_name = {name: server for server in plan.servers for name in (server.host, server.host_ip) if name}
-    server_list: list[dict[str, Any]] = []
-    rank = 0
+    placed: list[tuple[Server, Sequence[int]]] = []
     for node in nodes:
         server = by_name.get(node)
         if server is None:
@@ -178,22 +188,8 @@ def job_rank_table(
                     f"node {node}: devices {devices} span both groups of four (0-3 and 4-7); Atlas training "
                     "servers run 2 or 4 processes inside one group: set ASCEND_RT_VISIBLE_DEVICES accordingly"
                 )
-        entries = []
-        for device in devices:
-            entries.append(
-                {"device_id": str(device), "device_ip": server.device_ips[device], "rank_id": str(rank)}
-            )
-            rank += 1
-        entry: dict[str, Any] = {"server_id": server.host_ip, "device": entries}
-        if host_nic_ip is not None:
-            entry["host_nic_ip"] = host_nic_ip
-        server_list.append(entry)
-    return {
-        "version": RANK_TABLE_VERSION,
-        "server_count": str(len(server_list)),
-        "server_list": server_list,
-        "status": "completed",
-    }
+        placed.append((server, devices))
+    return _table(placed, host_nic_ip)
 
 
 def job_rank_table_dict(
