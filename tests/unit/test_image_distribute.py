@@ -20,7 +20,6 @@ from rolemodule import run_role_module
 from ddp_cluster.image import distribute as dist
 
 REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "roles" / "training_image"
 
 
 def _load(name: str, path: Path) -> ModuleType:

@@ -5,16 +5,11 @@ collect step runs in every train.yml e2e test."""
 
 from __future__ import annotations
 
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 from rolemodule import run_role_module
-
-REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "roles" / "ddp_job"
-ANSIBLE = Path(sys.executable).parent / "ansible"
 
 
 def run(job_dir: Path, check: bool = False) -> dict[str, Any]:

@@ -5,15 +5,11 @@ python/tests/test_server_mesh.py; the mesh itself runs in molecule's ssh_mesh sc
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from rolemodule import run_role_module
 
-REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "roles" / "ssh_mesh"
-ANSIBLE = Path(sys.executable).parent / "ansible"
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n"
 
 

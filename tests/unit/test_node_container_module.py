@@ -7,15 +7,11 @@ tests (tests/test_site_scale.py counts the runs)."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from rolemodule import run_role_module
 
-REPO = Path(__file__).resolve().parents[2]
-ROLE = REPO / "roles" / "node_container"
-ANSIBLE = Path(sys.executable).parent / "ansible"
 # No image on the engine: in check mode the module only says it would create the container.
 DOCKER = '#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n[ "$1 $2" = "image inspect" ] && exit 1\nexit 0\n'
 
