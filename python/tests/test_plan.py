@@ -360,7 +360,7 @@ def test_argument_specs_hold_the_jobspecs_choices() -> None:
     assert OPTIONS["ddp_job_hccl_init"]["choices"] == list(job.HCCL_INITS)
     # Every field of the spec a user sets is an option of the role; the rest are the plan's own.
     derived = {"id", "job_dir", "nodes", "networks", "accelerator", "workdir", "resume"}
-    derived |= {"spares", "recovery", "restart", "resume_from"}  # the plan's and the supervisor's
+    derived |= {"spares", "recovery", "restart", "resume_from", "start_id"}  # the plan's and the supervisor's
     fields = set(job.JobSpec.__dataclass_fields__) - derived
     assert {f"ddp_job_{name}" for name in fields} <= set(OPTIONS), fields - {n[8:] for n in OPTIONS}
     assert {"ddp_job_id", "ddp_job_nodes", "ddp_job_workdir", "ddp_job_resume"} <= set(OPTIONS)

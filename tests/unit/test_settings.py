@@ -49,6 +49,7 @@ SPEC_OWN = {
     "recovery",
     "restart",
     "resume_from",
+    "start_id",
 }
 
 

@@ -25,6 +25,7 @@ import json
 import random
 import string
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -424,6 +425,7 @@ def make_plan(
         "min_nodes": 0 if gate else asked.min_nodes,
         "spares": spares,
         "resume_from": f"{job_dir}/output/checkpoints/{Path(checkpoint).name}" if checkpoint else "",
+        "start_id": uuid.uuid4().hex[:16],
     }
     try:
         spec = job.JobSpec.from_dict(carried | made)

@@ -43,6 +43,11 @@ USER_NAMES = {
     "detach": "detach",
     "attach": "attach",
     "wait_for_nodes": "wait",
+    "checkpoint_replicas": "checkpoint_replicas",
+    "checkpoint_dir": "checkpoint_dir",
+    "liveness_timeout": "liveness_timeout",
+    "stall_timeout": "stall_timeout",
+    "stall_start_timeout": "stall_start_timeout",
 }
 FLAGS = ("true", "false", "yes", "no", "1", "0")
 NUMBER = re.compile(r"^[0-9]+([.][0-9]+)?$")

@@ -89,6 +89,17 @@ class JobSpec:
     # this attempt's number (0: the first start), set by the supervisor
     restart: int = field(default=0, metadata=_bounds(0))
     resume_from: str = ""  # the checkpoint this attempt resumes from, in the job's directory
+    # Trust (the supervisor's): every checkpoint rank 0 completes is copied, checked, to the next
+    # ``checkpoint_replicas`` nodes of the job and to ``checkpoint_dir`` (a mount every node has; empty: none)
+    # before an older copy is pruned; a node unheard for ``liveness_timeout`` seconds is lost; a job with no
+    # progress for ``stall_timeout`` seconds (0: never; ``stall_start_timeout`` before its first) is stopped.
+    checkpoint_replicas: int = field(default=1, metadata=_bounds(0))
+    checkpoint_dir: str = ""
+    liveness_timeout: float = field(default=25.0, metadata=_bounds(6))
+    stall_timeout: float = field(default=0.0, metadata=_bounds(0))
+    stall_start_timeout: float = field(default=600.0, metadata=_bounds(0, exclusive=True))
+    # This start's own mark (the plan's): the controller accepts only a status that carries it.
+    start_id: str = ""
 
     # --- checking ----------------------------------------------------------------------------------------
     @classmethod
@@ -140,6 +151,11 @@ class JobSpec:
             raise JobSpecError(
                 f"min_nodes={self.min_nodes} is more than the job's {len(self.nodes)} node(s): a job goes on"
                 " with fewer nodes, never more"
+            )
+        if self.checkpoint_dir and not self.checkpoint_dir.startswith("/"):
+            raise JobSpecError(
+                f"checkpoint_dir={self.checkpoint_dir!r} must be an absolute path inside the node containers"
+                " (a mount every node has)"
             )
         if overlap := sorted(set(self.spares) & set(self.nodes)):
             raise JobSpecError(f"spares={list(self.spares)} names the job's own node(s) {', '.join(overlap)}")
