@@ -338,3 +338,105 @@ def test_in_container_quotes_the_command_for_docker_exec() -> None:
         check=True,
     )
     assert done.stdout == "hi\n"
+
+
+# --- the supervisor dead, the first node lost (the standby takes over), this start's own status ---
+
+
+def test_a_dead_supervisor_fails_the_job_within_seconds_naming_it_and_its_last_words(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([RUNNING.update(pid=4242)])  # never rewritten: the supervisor is gone
+    words = (
+        "the supervisor on node0 ended the job: status.json could not be written (No space left on device)"
+    )
+    started = Clock()
+
+    def answer(command: str) -> None:
+        if "[d]dp_cluster[.]supervise" in command:
+            node.statuses = [RUNNING.update(pid=4242)]
+
+    node.on_command = answer
+    original = node.run
+
+    def run(command: str) -> Done:
+        if "[d]dp_cluster[.]supervise" in command:
+            node.commands.append(command)
+            return Done(0, f"dead\n{words}\n\nTraceback (most recent call last):\n")
+        return original(command)
+
+    node.run = run  # type: ignore[method-assign]
+    said: list[str] = []
+    job = JobControl(plan(tmp_path, poll=0.5), "node0", node, said.append, interrupt, started, started.sleep)
+    result = job.run()
+    assert result["state"] == "failed"
+    reason = result["status"]["reason"]
+    assert reason.startswith("the job's supervisor (pid 4242 on node0) died: ") and words in reason
+    assert started.now - 1000.0 < 20, f"found after {started.now - 1000:.0f} s"
+    assert node.stops(), "what the dead supervisor left was not stopped"
+
+
+def test_a_lost_first_node_of_a_job_with_a_standby_moves_the_wait_there(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([RUNNING.update(standby="node1")], running=False)
+    result, said = follow(tmp_path, node, interrupt, nodes=["node0", "node1"], first="node0")
+    assert result["moved"] == "node1" and not result.get("failed")
+    assert "job J1: the first node node0 is gone; following the job to its standby node1" in said[-1]
+    assert not Path(tmp_path, "runs", "J1", "status.json").exists()
+
+
+def test_the_standby_is_followed_once_it_took_the_job_over(tmp_path: Path, interrupt: Path) -> None:
+    mine = RUNNING.update(supervisor_node="node1", updated=5.0)
+    node = FakeNode([None, RUNNING, mine, DONE.update(supervisor_node="node1")])
+    clock = Clock()
+    said: list[str] = []
+    changes = {"attach": True, "follow": True, "host_dirs": {"node1": "/srv/ddp/node1/jobs/J1"}}
+    job = JobControl(plan(tmp_path, **changes), "node1", node, said.append, interrupt, clock, clock.sleep)
+    result = job.run()
+    assert result["state"] == "succeeded"
+    assert "job J1: followed to node1, which took the job over (running)" in said
+    assert all("ddp_cluster.supervise " not in command for command in node.commands), "it started a job"
+
+
+def test_a_standby_that_never_took_over_ends_the_wait_with_a_failed_status(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([None])
+    clock = Clock()
+    said: list[str] = []
+    changes = {
+        "attach": True,
+        "follow": True,
+        "first": "node0",
+        "host_dirs": {"node1": "/srv/ddp/node1/jobs/J1"},
+    }
+    job = JobControl(plan(tmp_path, **changes), "node1", node, said.append, interrupt, clock, clock.sleep)
+    result = job.run()
+    assert (
+        result["state"] == "failed" and "did not take the job over within 115 s" in result["status"]["reason"]
+    )
+    assert clock.now - 1000.0 <= 116
+
+
+def test_a_status_of_an_earlier_start_under_the_same_id_is_not_this_starts(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    old = DONE.update(start_id="earlier")
+    new = DONE.update(start_id="mine", elapsed=4.0)
+    node = FakeNode([old, old, new])
+    result, _ = follow(tmp_path, node, interrupt, spec={"start_id": "mine"})
+    assert result["state"] == "succeeded" and result["status"]["start_id"] == "mine"
+
+
+def test_the_supervisor_check_says_alive_or_dead_with_its_last_words(tmp_path: Path) -> None:
+    job = tmp_path / "jobs" / "J1"
+    job.mkdir(parents=True)
+    (job / "last-words").write_text("status.json could not be written" + " " * 100)
+    (job / "supervisor.log").write_text("line 1\nTraceback: boom\n")
+    out = subprocess.run(
+        ["/bin/sh", "-c", control.supervisor_check(str(job))], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("dead\n")
+    assert control.last_words_of(out) == "status.json could not be written / line 1 / Traceback: boom"
+    assert control.last_words_of("dead\n") == "it said nothing (killed, or it crashed at start)"

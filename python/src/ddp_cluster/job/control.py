@@ -54,6 +54,13 @@ STOP_WAIT = 90
 DETACH_WAIT = 120
 # Seconds without a new word from the supervisor before the wait checks that the first node still runs.
 SILENT = 20.0
+# Seconds without a new status before the wait checks that the supervisor still lives (it writes every poll).
+QUIET = 6.0
+# Seconds, beyond the job's liveness_timeout, that the wait gives the standby to take a lost first node's job
+# over and write its first status.
+TAKEOVER_WAIT = 90.0
+SUPERVISOR_LOG = "supervisor.log"
+LAST_WORDS = "last-words"
 
 
 class AttachError(DdpClusterError):
@@ -87,6 +94,23 @@ def attach_plan(runs: Path, job_id: str) -> dict[str, Any]:
     if facts.get("kind") != "train":
         raise AttachError(f"attach={job_id} is a {facts.get('label')}, not a job")
     return {**facts, "attach": True, "detach": False}
+
+
+def supervisor_check(job_dir: str) -> str:
+    """The node command that says ``alive`` while the job's supervisor runs there, else ``dead`` and its
+    last words (the last-words file it leaves when it cannot write its status, the end of its log)."""
+    where = shlex.quote(job_dir.rstrip("/"))
+    pattern = shlex.quote(f"[d]dp_cluster[.]supervise .*--job-dir {job_dir.rstrip('/')}$")
+    return (
+        f"if pgrep -f {pattern} >/dev/null; then echo alive; else echo dead;"
+        f" cat {where}/{LAST_WORDS} 2>/dev/null; echo; tail -n 5 {where}/{SUPERVISOR_LOG} 2>/dev/null; fi"
+    )
+
+
+def last_words_of(output: str) -> str:
+    """What a dead supervisor said last, from :func:`supervisor_check`'s output."""
+    lines = [line.strip() for line in output.splitlines()[1:] if line.strip()]
+    return " / ".join(lines[-3:])[-600:] if lines else "it said nothing (killed, or it crashed at start)"
 
 
 def start_command(plan: Mapping[str, Any], node: str, bundle: str, checkpoint: str = "") -> str:
@@ -126,8 +150,10 @@ class JobControl:
         self.label = f"{self.plan['label']} {self.plan['id']}"
         self.status_file = f"{self.plan['host_dirs'][self.node]}/{job_status.FILE}"
         self.first_lost = False
+        self.supervisor_dead = ""  # the dead supervisor's last words, once found dead
+        self.start_id = str((self.plan.get("spec") or {}).get("start_id") or "")
         self._last_updated: float | None = None
-        self._changed_at = self._probed_at = self.clock()
+        self._changed_at = self._probed_at = self._checked_at = self.clock()
         self._shown_restarts = 0
 
     @property
@@ -138,8 +164,20 @@ class JobControl:
         """Start (or attach to) the job and follow it; the action's result: ``failed`` and ``msg``, or
         ``changed``, ``state``, ``status`` (and ``detached``)."""
         plan, node, label = self.plan, self.node, self.label
-        self.interrupt.unlink(missing_ok=True)
-        if plan.get("attach"):
+        if not plan.get("follow"):
+            self.interrupt.unlink(missing_ok=True)
+        if plan.get("follow"):
+            first = self.await_takeover()
+            if first is None:
+                reason = (
+                    f"the job's first node was lost and {node}, its standby, did not take the job over within"
+                    f" {self.takeover_bound:g} s (no status of its own in {self.status_file});"
+                    " `ansible-playbook jobs.yml` lists the cluster's jobs"
+                )
+                self.say(f"{label}: {reason}")
+                return self.written(Status(state="failed", reason=reason, lost_nodes=(str(plan["first"]),)))
+            self.say(f"{label}: followed to {node}, which took the job over ({first.state})")
+        elif plan.get("attach"):
             first = self.read()
             if first is None:
                 return {
@@ -161,17 +199,59 @@ class JobControl:
         if status is None or not (status.done or self.first_lost or self.interrupt.exists()):
             # attached; or detach=true while the ranks did not all run yet: follow it as attached
             status = self.wait(self.bound, float(plan["poll"]))
-        final = self.finish(status)
-        run_dir = Path(plan["run_dir"])
+        if self.first_lost and self.standby(status) and not self.interrupt.exists():
+            standby = self.standby(status)
+            self.say(
+                f"{label}: the first node {node} is gone; following the job to its standby {standby}, which"
+                " takes it over"
+            )
+            return {"changed": False, "moved": standby, "status": status.to_dict() if status else {}}
+        return self.written(self.finish(status))
+
+    def written(self, final: Status) -> dict[str, Any]:
+        """The action's result for the job's last status, written to runs/<id>/status.json too."""
+        run_dir = Path(self.plan["run_dir"])
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / job_status.FILE, final.dumps().encode())
         return {"changed": True, "state": final.state, "status": final.to_dict()}
 
+    @property
+    def takeover_bound(self) -> float:
+        return float((self.plan.get("spec") or {}).get("liveness_timeout") or 25) + TAKEOVER_WAIT
+
+    def standby(self, status: Status | None) -> str:
+        """The node that takes the job over when its first node is lost (the status names it; the job's
+        second node otherwise); '' for a one-node job."""
+        if status is not None and status.standby:
+            return status.standby
+        nodes = [str(node) for node in self.plan.get("nodes") or []]
+        return nodes[1] if len(nodes) > 1 and nodes[0] == self.node else ""
+
+    def await_takeover(self) -> Status | None:
+        """This node (the standby) took the job over: its own status, once it wrote one."""
+        deadline = self.clock() + self.takeover_bound
+        while self.clock() < deadline:
+            if self.interrupt.exists():
+                return None
+            found = self.read()
+            if found is not None and found.supervisor_node == self.node:
+                return found
+            self.sleep(1.0)
+        return None
+
     def finish(self, status: Status | None) -> Status:
-        """The job's last status: the first node lost, Ctrl-C or the bound handled (a stop, then the
-        supervisor's last word)."""
+        """The job's last status: the first node lost, the supervisor dead, Ctrl-C or the bound handled (a
+        stop, then the supervisor's last word)."""
         label, node = self.label, self.node
-        if self.first_lost:
+        if self.supervisor_dead and not (status and status.done):
+            pid = f"pid {status.pid} " if status and status.pid else ""
+            reason = (
+                f"the job's supervisor ({pid}on {node}) died: {self.supervisor_dead}; every rank was stopped"
+            )
+            self.say(f"{label}: {reason}")
+            self.stop("")
+            status = (status or Status()).update(state="failed", reason=reason, failed_node=node)
+        elif self.first_lost:
             self.say(f"{label}: the first node {node} is gone, and the supervisor with it")
             lost = sorted({*(status.lost_nodes if status else ()), node})
             status = (status or Status()).update(
@@ -224,8 +304,33 @@ class JobControl:
         if done.rc != 0:
             return None
         with contextlib.suppress(job_status.StatusError):  # a partial read: the next poll sees the whole file
-            return job_status.loads(done.stdout)
+            found = job_status.loads(done.stdout)
+            if self.start_id and found.start_id and found.start_id != self.start_id:
+                return None  # an earlier job's status under the same id: not this start's
+            return found
         return None
+
+    def supervisor_gone(self, status: Status | None) -> bool:
+        """Whether the supervisor died: no new status for QUIET seconds and no supervisor of the job runs on
+        the node (its last words kept in supervisor_dead). A node that does not answer is first_silent's."""
+        now = self.clock()
+        if status is not None and status.done:
+            return False
+        if now - self._changed_at < QUIET or now - self._checked_at < QUIET / 2:
+            return False
+        self._checked_at = now
+        command = supervisor_check(str(self.plan["job_dir"]))
+        try:
+            done = self.transport.run(in_container(self.node, command))
+        except Unreachable:
+            return False
+        if done.rc != 0 or not done.stdout.startswith("dead"):
+            return False
+        again = self.read()  # it may have ended between the two reads
+        if again is not None and again.done:
+            return False
+        self.supervisor_dead = last_words_of(done.stdout)
+        return True
 
     def first_silent(self, status: Status | None) -> bool:
         """Whether the first node is gone: no new word from its supervisor for SILENT seconds and its
@@ -263,7 +368,9 @@ class JobControl:
                 self._shown_restarts = len(status.restarts)
             if until_running and status is not None and status.ranks_running:
                 return status
-            if not stopping and (self.interrupt.exists() or self.first_silent(status)):
+            if not stopping and (
+                self.interrupt.exists() or self.first_silent(status) or self.supervisor_gone(status)
+            ):
                 return status
             progress = job_status.describe_progress(status.progress if status else None)
             state = status.state if status else "starting"

@@ -136,14 +136,16 @@ def report(run_dir: Path) -> Report:
     # a restart may have taken a spare: its results came back too
     came = sorted(path.name.removesuffix(".tar.gz") for path in (run_dir / ".incoming").glob("*.tar.gz"))
     nodes += [node for node in came if node not in nodes]
+    # The first node's output is the run's: the node whose supervisor ended the job (the standby that took a
+    # lost first node's job over), else the planned first node.
+    waited = status.read(run_dir / status.FILE)
+    first = (waited.supervisor_node if waited else "") or str(planned.get("first", nodes[0] if nodes else ""))
     if (run_dir / ".incoming").is_dir():
         try:
             torchrun = (
                 int(planned["spec"]["nproc_per_node"]) if planned["spec"]["launcher"] != "mpirun" else None
             )
-            missing = results.lay_out(
-                run_dir, str(planned.get("first", nodes[0] if nodes else "")), nodes, torchrun
-            )
+            missing = results.lay_out(run_dir, first, nodes, torchrun)
             out.warnings += [f"{node}: no archive came back (its results are missing)" for node in missing]
         except (OSError, ValueError, KeyError) as error:
             out.warnings.append(

@@ -39,6 +39,10 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "ranks_running": (bool,),
     "max_restarts": (int,),
     "interrupted": (str,),
+    "supervisor_node": (str,),
+    "start_id": (str,),
+    "standby": (str,),
+    "stalled": (dict,),
 }
 LISTS = ("nodes", "launcher", "lost_nodes", "log_tail", "launcher_tail", "ran_on")
 
@@ -80,6 +84,15 @@ class Status:
     # resume_step, last_step, steps_redone.
     restarts: tuple[Mapping[str, Any], ...] = ()
     interrupted: str = ""  # who stopped the job from the controller (Ctrl-C, jobs.yml -e stop=ID), if any
+    # Where the supervisor runs (the first node, or the node that took the job over when the first was lost),
+    # and its standby (the node that takes over then); this start's own mark (JobSpec.start_id).
+    supervisor_node: str = ""
+    standby: str = ""
+    start_id: str = ""
+    # After a stall: which ranks were outside a collective, where the stacks are (supervisor.stall.capture).
+    stalled: Mapping[str, Any] = field(default_factory=dict)
+    # The checkpoint copies made off the first node (supervisor.replicas): one record per place.
+    replicas: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def done(self) -> bool:
@@ -118,9 +131,9 @@ class Status:
                 if not isinstance(value, Mapping):
                     raise StatusError(f"leftover={value!r} must map nodes to text")
                 value = {str(node): str(text) for node, text in value.items()}
-            elif name == "restarts":
+            elif name in ("restarts", "replicas"):
                 if isinstance(value, str) or not isinstance(value, list | tuple):
-                    raise StatusError(f"restarts={value!r} must be a list of records")
+                    raise StatusError(f"{name}={value!r} must be a list of records")
                 value = tuple(dict(item) for item in value if isinstance(item, Mapping))
             values[name] = value
         status = cls(**values)
@@ -134,6 +147,8 @@ class Status:
         for name in LISTS:
             data[name] = list(data[name])
         data["restarts"] = [dict(item) for item in self.restarts]
+        data["replicas"] = [dict(item) for item in self.replicas]
+        data["stalled"] = dict(self.stalled)
         return data
 
     def dumps(self) -> str:

@@ -28,12 +28,17 @@ No torch here: the supervisor runs beside the job, in the image's Python.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import io
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Sequence
@@ -42,13 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp_cluster.files import write_atomic
+from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.files import add_file, write_atomic
+from ddp_cluster.job import node_jobs, status
 from ddp_cluster.job import spec as jobspec
-from ddp_cluster.job import status
 from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
 from ddp_cluster.job.status import Status
-from ddp_cluster.supervisor import recovery
+from ddp_cluster.supervisor import recovery, standby
 from ddp_cluster.supervisor.failures import (
     TAIL_LINES,
     Failure,
@@ -65,6 +71,39 @@ from ddp_cluster.supervisor.recovery import BUNDLE, LAUNCHER_LOG
 from ddp_cluster.supervisor.remote import POOL, Mesh
 
 STATUS_FILE = status.FILE
+# A file of fixed size made when the supervisor starts, overwritten in place with its last words when it must
+# end without a status (a full disk: writing in place needs no new space); the controller reads it.
+LAST_WORDS = "last-words"
+LAST_WORDS_SIZE = 4096
+PR_SET_PDEATHSIG = 1
+
+
+class StatusWriteError(DdpClusterError):
+    """status.json could not be written (a full disk, a read-only folder): the job cannot be followed."""
+
+
+def die_with_parent() -> None:
+    """In the launcher's child, before exec: SIGTERM when the supervisor dies (mpirun then stops every rank
+    on every node), so that a killed supervisor leaves no job behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def last_words(job_dir: Path, text: str = "") -> None:
+    """Make the last-words file (``text`` empty), or overwrite it with ``text``, in place."""
+    path = job_dir / LAST_WORDS
+    data = text.encode("utf-8", "replace")[: LAST_WORDS_SIZE - 1]
+    try:
+        if not text:
+            path.write_bytes(b" " * LAST_WORDS_SIZE)
+            return
+        descriptor = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(descriptor, data + b"\n" + b" " * (LAST_WORDS_SIZE - len(data) - 1), 0)
+        finally:
+            os.close(descriptor)
+    except OSError:
+        pass
 
 
 class StatusFile:
@@ -80,7 +119,10 @@ class StatusFile:
         self.status = self.status.update(
             **fields, elapsed=round(time.time() - self.started, 1), updated=time.time()
         )
-        write_atomic(self.path, self.status.dumps().encode())
+        try:
+            write_atomic(self.path, self.status.dumps().encode())
+        except OSError as error:
+            raise StatusWriteError(f"{self.path} could not be written ({error.strerror or error})") from error
 
 
 @dataclass
@@ -105,6 +147,7 @@ class Supervisor:
         self.stop_reason = "the job was stopped (the supervisor received a signal)"
         self.interrupted = ""  # the reason of a stop asked from the controller
         self.progress_at_restart: Any = None
+        self.took_over_from = ""  # the first node this supervisor took the job over from, if any
         self._next_ranks_check = 0.0
 
     @property
@@ -126,8 +169,8 @@ class Supervisor:
     def progress(self) -> Any:
         metrics = self.job_dir / "output" / "metrics.jsonl"
         line = last_line(metrics) if metrics.exists() else last_line(self.rank_log(0))
-        if line is None:
-            return None
+        if line is None:  # nothing here yet (a node that took the job over): the last progress known
+            return self.status.status.progress
         try:
             return json.loads(line)
         except ValueError:
@@ -138,7 +181,16 @@ class Supervisor:
         """The nodes watched along a tree (supervisor.liveness): this node holds ``fanout`` ssh sessions,
         however many nodes the job has."""
         order = [self.me, *(node for node in self.nodes if node != self.me)]
-        return Watch(order, 0, self.fanout, self.liveness_every, self.ssh_timeout).start()
+        return Watch(
+            order,
+            0,
+            self.fanout,
+            self.liveness_every,
+            self.ssh_timeout,
+            timeout=self.spec.liveness_timeout,
+            job_dir=self.job_dir,
+            tag=self.tag,
+        ).start()
 
     def watch(
         self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor, tree: Watch
@@ -153,7 +205,11 @@ class Supervisor:
                 if returncode == 0:
                     return None
                 failure = launcher_failure(read_text(self.job_dir / LAUNCHER_LOG), self.spec, returncode)
-                # A dead node makes its peers' collectives fail first: name the cause.
+                # A dead or frozen node makes its peers' collectives (and mpirun's daemons) fail first: wait
+                # for the watch's verdict on a node it has not heard from lately, then name the cause.
+                deadline = time.time() + self.spec.liveness_timeout + 2 * self.liveness_every
+                while not tree.lost() and tree.suspects() and time.time() < deadline:
+                    time.sleep(0.5)
                 if lost := tree.lost() or self.mesh.down_now(others, pool):
                     return lost_nodes(lost, f"{failure.reason} on {failure.node or 'a node'}")
                 return failure
@@ -172,49 +228,168 @@ class Supervisor:
             time.sleep(self.spec.poll)
 
     def run(self) -> int:
+        """The job from its start (this is its first node): every node gets its files, then the attempts."""
         for folder in (self.job_dir, self.job_dir / "output", self.job_dir / "logs"):
             folder.mkdir(parents=True, exist_ok=True)
-        self.status.write(
-            state="running",
-            pid=os.getpid(),
-            nodes=self.nodes,
-            launcher=self.launcher,
-            ran_on=self.nodes,
-            max_restarts=self.spec.max_restarts,
-        )
-        with ThreadPoolExecutor(
-            max_workers=min(POOL, max(1, len(self.nodes) + len(self.spec.spares)))
-        ) as pool:
-            bundle = self.job_dir / BUNDLE
-            others = [node for node in self.nodes if node != self.me]
-            data = bundle.read_bytes() if bundle.is_file() else b""
-            failure = self.mesh.give(others, data, self.job_dir, pool)
-            if failure is not None:
-                self.report(failure, None, {})
-                return 1
-            while True:
-                process = self.launch()
-                tree = self.tree()
-                try:
-                    failure = self.watch(process, pool, tree)
-                    if failure is None:
-                        tree.stop()
-                        self.status.write(state="succeeded", rc=0, progress=self.progress())
-                        recovery.record_restarts_in_summary(self)
-                        return 0
-                    self.stop_everything(process, pool)  # the ranks first, then the watch
-                finally:
-                    tree.stop()
-                if not recovery.recover(self, failure, pool):
-                    self.report(failure, process.returncode, self.mesh.leftover(self.nodes, self.tag, pool))
+        last_words(self.job_dir)
+        try:
+            self.status.write(
+                state="running",
+                pid=os.getpid(),
+                nodes=self.nodes,
+                launcher=self.launcher,
+                ran_on=self.nodes,
+                max_restarts=self.spec.max_restarts,
+                supervisor_node=self.me,
+                start_id=self.spec.start_id,
+            )
+            with self.pool() as pool:
+                others = [node for node in self.nodes if node != self.me]
+                failure = self.mesh.give(others, self.files_for_others(), self.job_dir, pool)
+                if failure is not None:
+                    self.report(failure, None, {})
                     return 1
+                return self.attempts(pool)
+        except StatusWriteError as error:
+            return self.cannot_write(error)
+
+    def take_over(self, first: str) -> int:
+        """The job, taken over on this node (its standby) after its first node ``first`` was lost: what is
+        left of the attempt stopped, then a restart here (rank 0 and the master address move here) within
+        max_restarts; else the job ends, every rank stopped, the checkpoint copies kept."""
+        self.took_over_from = first
+        last_words(self.job_dir)
+        mirrored = status.read(self.job_dir / standby.FOLDER / STATUS_FILE) or Status()
+        self.restarts = [dict(record) for record in mirrored.restarts]
+        self.status.status = mirrored.update(state="running", pid=os.getpid(), supervisor_node=self.me)
+        self.started = self.status.started = time.time() - mirrored.elapsed
+        survivors = [node for node in self.nodes if node != first]
+        mark = standby.mark_owner(str(self.job_dir), self.me)
+        try:
+            with self.pool() as pool:
+                list(pool.map(lambda node: self.mesh.run(node, mark), survivors))
+                self.mesh.sweep(survivors, self.tag, pool)
+                failure = lost_nodes([first])
+                failure.reason = (
+                    f"node {first}, the job's first node (its supervisor and rank 0), stopped answering;"
+                    f" {self.me} took the job over"
+                )
+                self.status.write(
+                    lost_nodes=sorted({*mirrored.lost_nodes, first}), supervisor_node=self.me, standby=""
+                )
+                if not recovery.recover(self, failure, pool):
+                    self.keep_copies(failure)
+                    self.report(failure, None, self.mesh.leftover(survivors, self.tag, pool))
+                    return 1
+                self.restarts[-1]["supervisor_moved"] = f"{first} -> {self.me}"
+                self.status.write(restarts=self.restarts)
+                return self.attempts(pool)
+        except StatusWriteError as error:
+            return self.cannot_write(error)
+
+    def keep_copies(self, failure: Failure) -> None:
+        """A job that ends after its first node was lost: say where the checkpoint copies are kept."""
+        kept = recovery.newest_checkpoint(self.job_dir / "output")[0]
+        shared = f" and in {self.spec.checkpoint_dir}/{self.spec.id}" if self.spec.checkpoint_dir else ""
+        failure.reason += (
+            f"; every rank was stopped; the checkpoint copies are kept on {self.me}"
+            + (f" (newest: {kept})" if kept else " (none was made)")
+            + f"{shared}: ansible-playbook train.yml -e resume=true -e resume_from={self.spec.id}"
+        )
+
+    def attempts(self, pool: ThreadPoolExecutor) -> int:
+        """Launch, watch, and restart while a restart may cure the failure; the supervisor's exit status."""
+        while True:
+            process = self.launch()
+            self.ensure_standby()
+            tree = self.tree()
+            try:
+                failure = self.watch(process, pool, tree)
+                if failure is None:
+                    tree.stop()
+                    self.status.write(state="succeeded", rc=0, progress=self.progress())
+                    recovery.record_restarts_in_summary(self)
+                    return 0
+                if self.superseded(pool):
+                    return 1  # another node took the job over while this one was cut off: touch nothing
+                self.stop_everything(process, pool, failure.lost)  # the ranks first, then the watch
+            finally:
+                tree.stop()
+            if not recovery.recover(self, failure, pool):
+                answering = [node for node in self.nodes if node not in failure.lost]
+                self.report(failure, process.returncode, self.mesh.leftover(answering, self.tag, pool))
+                return 1
+
+    def pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=min(POOL, max(1, len(self.nodes) + len(self.spec.spares))))
+
+    def files_for_others(self) -> bytes:
+        """What the other nodes get: the job's files (the bundle's members) and the bundle itself, so that a
+        node that takes the job over can hand it to a spare."""
+        bundle = self.job_dir / BUNDLE
+        if not bundle.is_file():
+            return b""
+        data = bundle.read_bytes()
+        buffer = io.BytesIO()
+        with (
+            tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as source,
+            tarfile.open(fileobj=buffer, mode="w:gz") as target,
+        ):
+            for member in source.getmembers():
+                target.addfile(member, source.extractfile(member) if member.isfile() else None)
+            add_file(target, BUNDLE, data)
+        return buffer.getvalue()
+
+    def ensure_standby(self) -> None:
+        """The standby runs on the job's second node (started unless it runs; in the background, so that the
+        watch starts at once)."""
+        node = next((node for node in self.nodes if node != self.me), "")
+        if not node:
+            return
+        command = standby.start_command(
+            str(self.job_dir), self.me, self.spec.liveness_timeout, node_jobs.NODE_ENV
+        )
+        threading.Thread(target=self.mesh.run, args=(node, command), daemon=True).start()
+        if self.status.status.standby != node:
+            self.status.write(standby=node)
+
+    def superseded(self, pool: ThreadPoolExecutor) -> bool:
+        """Whether another node took this job over (its mark on the job's other nodes names another)."""
+        others = [node for node in self.nodes if node != self.me][:2]
+        path = shlex.quote(f"{self.job_dir}/{standby.OWNER}")
+        for text in pool.map(lambda node: self.mesh.run(node, f"cat {path} 2>/dev/null"), others):
+            try:
+                owner = json.loads(text).get("node") if text.strip() else ""
+            except (ValueError, AttributeError):
+                owner = ""
+            if owner and owner != self.me:
+                return True
+        return False
+
+    def cannot_write(self, error: StatusWriteError) -> int:
+        """status.json cannot be written: every rank stopped, the last words left where the controller reads
+        them, a non-zero exit."""
+        words = f"the supervisor on {self.me} ended the job: {error}; every rank was stopped"
+        print(words, file=sys.stderr, flush=True)
+        last_words(self.job_dir, words)
+        with contextlib.suppress(Exception), self.pool() as pool:
+            self.mesh.sweep(self.nodes, self.tag, pool)
+        with contextlib.suppress(StatusWriteError):
+            self.status.write(state="failed", reason=words)
+        return 3
 
     def launch(self) -> subprocess.Popen[bytes]:
-        """Start the launcher (this attempt's), its output appended to JOB/launcher.log."""
+        """Start the launcher (this attempt's), its output appended to JOB/launcher.log; it dies with the
+        supervisor."""
         self._next_ranks_check = 0.0
         with open(self.job_dir / LAUNCHER_LOG, "ab") as log:
             return subprocess.Popen(
-                self.launcher, stdout=log, stderr=subprocess.STDOUT, cwd=self.job_dir, start_new_session=True
+                self.launcher,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.job_dir,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     def ranks_running(self, pool: ThreadPoolExecutor) -> bool:
@@ -258,8 +433,12 @@ class Supervisor:
             self.stop_reason = self.interrupted = asked
         self._stop.set()
 
-    def stop_everything(self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor) -> None:
-        """The launcher's process group here (TERM, then KILL), then the job's processes on every node."""
+    def stop_everything(
+        self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor, lost: Sequence[str] = ()
+    ) -> None:
+        """The launcher's process group here (TERM, then KILL), then the job's processes on every node but
+        the ``lost`` ones (a frozen node would hold each command to its bound; its own watcher stops its
+        ranks when it finds its parent gone)."""
         for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             if process.poll() is not None:
                 break
@@ -271,7 +450,7 @@ class Supervisor:
                 process.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 continue
-        self.mesh.sweep(self.nodes, self.tag, pool)
+        self.mesh.sweep([node for node in self.nodes if node not in lost], self.tag, pool)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -284,6 +463,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--liveness-every", type=float, default=3.0, help="seconds between ssh probes of nodes"
     )
     parser.add_argument("--tag", default="", help="text in every rank's command line (default: JOB/)")
+    parser.add_argument(
+        "--took-over-from",
+        default="",
+        metavar="NODE",
+        help="this node is the job's standby and takes the job over from its lost first node NODE",
+    )
     args = parser.parse_args(argv)
     try:
         args.spec = jobspec.load(args.job_dir / jobspec.JOB_FILE)
@@ -315,6 +500,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(sig, on_signal)
+    if args.took_over_from:
+        return supervisor.take_over(args.took_over_from)
     return supervisor.run()
 
 

@@ -94,7 +94,7 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
             f" (lost before: {', '.join(lost_before) or 'none'})"
         )
         return False
-    others = [node for node in supervisor.nodes if node != supervisor.me]
+    others = [node for node in supervisor.nodes if node != supervisor.me and node not in failure.lost]
     down = set(failure.lost) | set(mesh.down_now(others, pool))
     healthy = [node for node in supervisor.nodes if node not in down]
     if leftover := mesh.leftover(healthy, supervisor.tag, pool):
