@@ -16,7 +16,26 @@ The package is grouped by where its code runs, which says what each part may imp
     health/                 the health gate: rank side (torch) and the controller's judgement
 
 Importing the package needs no torch: only ``runtime`` and ``health.gate`` (and what they import) do.
-``python -m ddp_cluster.train``, ``.run``, ``.gate`` and ``.supervise`` are the documented entry points.
+``python -m ddp_cluster.train``, ``.run``, ``.gate`` and ``.supervise`` are the documented entry points;
+``ddp_cluster.heartbeat()`` (:mod:`ddp_cluster.runtime.heartbeat`, no torch) is a rank's sign of progress for
+the job's watchdog, imported on first use.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddp_cluster.runtime.heartbeat import heartbeat
+
 __version__ = "0.1.0"
+__all__ = ["__version__", "heartbeat"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the package's import stays free of the ranks' code.
+    if name == "heartbeat":
+        from ddp_cluster.runtime.heartbeat import heartbeat
+
+        return heartbeat
+    raise AttributeError(f"module 'ddp_cluster' has no attribute {name!r}")

@@ -7,7 +7,8 @@ MASTER_PORT) are exported, and SCRIPT runs in this same process as ``__main__`` 
 unmodified script that calls ``init_process_group("env://")`` just works. ``-m MODULE`` runs a module instead.
 When ``DDP_DEVICE`` names an accelerator (train.yml exports the cluster's), the rank checks first that it can
 use it and stops naming its node, rank and the reason when it cannot. Under torchrun the variables are
-torchrun's own.
+torchrun's own. Inside a job, SIGUSR2 dumps the rank's Python stacks into ``JOB/stacks/`` (the progress
+watchdog's: :mod:`ddp_cluster.runtime.heartbeat`).
 
 When the script ends (returns, calls ``sys.exit``, or raises: its traceback printed as Python prints it,
 status 1; a KeyboardInterrupt is left to the interpreter), the process ends as
@@ -29,6 +30,7 @@ from ddp_cluster.accelerators.binding import announce_binding
 from ddp_cluster.errors import DdpClusterError, DeviceError
 from ddp_cluster.runtime.distenv import resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
+from ddp_cluster.runtime.heartbeat import install_stack_dump
 
 USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
@@ -95,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         variables = export_torchrun_variables()
+        install_stack_dump(variables["RANK"])  # before the device check and the script: both may hang
         announce_binding(int(variables["LOCAL_RANK"]), f"ddp_cluster.run: rank {variables['RANK']}")
         check_job_device()
     except DdpClusterError as error:

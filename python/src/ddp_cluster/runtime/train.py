@@ -53,6 +53,7 @@ from ddp_cluster.runtime.device import Placement, announce_binding, select_place
 from ddp_cluster.runtime.distenv import DistEnv, resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
 from ddp_cluster.runtime.group import process_group
+from ddp_cluster.runtime.heartbeat import heartbeat, install_stack_dump
 from ddp_cluster.runtime.metrics import Reporter
 from ddp_cluster.runtime.models import build_model
 from ddp_cluster.runtime.resume import EpochProgress, Resumed, agree_on_start, relative, restore
@@ -202,6 +203,7 @@ def run_epoch(
         sizes.append(int(targets.shape[0]))
         state.step += 1
         trained += 1
+        heartbeat()  # a step is progress, however rarely it is logged (at most one touch a second)
         if config.log_every and state.step % config.log_every == 0:
             if pending is not None:
                 pending.report(reporter, config.epochs, batches)
@@ -435,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env: DistEnv | None = None
     try:
         env = resolve_dist_env()
+        install_stack_dump(env.rank)  # SIGUSR2 dumps the stacks: the progress watchdog's, on a stall
         announce_binding(env)
         placement = select_placement(config.device, config.backend, env)
         data = load_dataset(

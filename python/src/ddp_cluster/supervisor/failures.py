@@ -2,9 +2,9 @@
 
 :func:`launcher_failure` reads mpirun's or torchrun's output (real OpenMPI 4.1 and torchrun output in the
 tests); :func:`restart_cause` says whether a restart could cure a failure (a node gone, a rank killed, a
-collective or the store timed out: the doctor's verdict on the attempt's logs), and :func:`users_error` tells
-the program's own Python error from the collectives' lost peers. The log readers here read the end of a file
-only, however large it grew.
+collective or the store timed out: the doctor's verdict on the attempt's logs; a stall, which the progress
+watchdog found), and :func:`users_error` tells the program's own Python error from the collectives' lost
+peers. The log readers here read the end of a file only, however large it grew.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ddp_cluster.job import doctor
 from ddp_cluster.job.spec import JobSpec
+from ddp_cluster.supervisor.stall import STALL
 
 TAIL_LINES = 20
 # mpirun, when a rank exits non-zero / dies of a signal; torchrun's "Root Cause" block.
@@ -45,6 +46,7 @@ class Failure:
     lost: tuple[str, ...] = ()  # the nodes that stopped answering
     at: float = field(default_factory=time.time)  # when the supervisor found it
     restartable: bool = True  # False: the time bound or a stop (never restarted)
+    cause: str | None = None  # what the supervisor itself found: STALL (the progress watchdog)
 
 
 def lost_nodes(lost: Sequence[str], then: str = "") -> Failure:
@@ -85,6 +87,8 @@ def restart_cause(failure: Failure, logs: Sequence[str]) -> str | None:
     None (the user's code failed, the time bound, a stop)."""
     if not failure.restartable:
         return None
+    if failure.cause == STALL:
+        return f"the job stalled: {failure.reason}"
     if failure.lost:
         return f"node {', '.join(failure.lost)} stopped answering"
     if failure.signal is not None:
