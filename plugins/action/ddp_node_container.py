@@ -6,7 +6,9 @@ The module (roles/node_container/library/ddp_node_container.py) makes the node's
 and container and reads sshd's effective configuration; this action fails with what is wrong when sshd did
 not answer in time or is not configured as the cluster needs (port, password and keyboard-interactive login
 off, root by key only), and writes the record only when its content differs. Check mode writes nothing. The
-probe's lines are read by ddp_cluster.server.node, the module's own code.
+probe's lines are read by ddp_cluster.server.node, the module's own code. ``jobs.dir`` (the jobs' folder in
+the container) becomes ``jobs.command``, the node's report of its jobs that the module asks before it
+replaces a running container.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ansible.plugins.action import ActionBase
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
 from ddp_cluster.files import write_atomic
+from ddp_cluster.job import node_jobs
 from ddp_cluster.server import node
 
 
@@ -31,6 +34,10 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         record = args.pop("record")
+        if "jobs" in args:  # the node's report of its jobs, the one command every asker runs
+            jobs = dict(args["jobs"])
+            jobs["command"] = node_jobs.command(str(jobs.pop("dir")))
+            args["jobs"] = jobs
         host = (task_vars or {}).get("inventory_hostname", "?")
         result.update(
             self._execute_module(module_name="ddp_node_container", module_args=args, task_vars=task_vars)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from ddp_cluster.job import node_jobs
 from ddp_cluster.server import node
 from ddp_cluster.server.node import NodeError
 
@@ -38,13 +39,20 @@ SPEC: dict[str, Any] = {
 }
 
 # A docker CLI double, its state in the files of $STATE: `image inspect` prints image_id (absent: no such
-# image), `container inspect` the JSON in container (absent: no such container), `exec` prints probe; each
+# image), `container inspect` the JSON in container (absent: no such container), `exec` prints probe, or for
+# the jobs command (`exec NAME /bin/bash -c ...`) the next line of jobs (failing when it is no JSON); each
 # call is logged in calls.
 DOCKER = """#!/bin/sh
 echo "$*" >> "$STATE/calls"
 case "$1 $2" in
   "image inspect") [ -f "$STATE/image_id" ] && exec cat "$STATE/image_id"; echo "No such image" >&2; exit 1;;
   "container inspect") [ -f "$STATE/container" ] && exec cat "$STATE/container"; echo "No such" >&2; exit 1;;
+esac
+case "$1 $3" in
+  # The node's jobs command: the first answer of $STATE/jobs, consumed while more follow.
+  "exec /bin/bash") line=$(head -n 1 "$STATE/jobs")
+    [ "$(wc -l < "$STATE/jobs")" -gt 1 ] && sed -i 1d "$STATE/jobs"
+    echo "$line"; case "$line" in "{"*) exit 0;; *) exit 1;; esac;;
 esac
 case "$1" in
   exec) cat "$STATE/probe"; exit 0;;
@@ -267,3 +275,150 @@ def test_the_probe_lines_give_the_record_the_host_keys_and_the_files() -> None:
         "container_workspace": "/workspace",
     }
     assert node.record_of(probe, "w", "c").endswith("}\n")
+
+
+# --- a running job stops nothing: the node is refused, waited for or forced --------------------------------
+
+JOB_REPORT = {
+    "busy": ["train-7"],
+    "jobs": {
+        "train-7": {"nodes": ["node0", "node1"], "status": {"state": "running"}},
+        "old": {"nodes": ["node0"]},
+    },
+}
+FREE_REPORT = {"busy": [], "jobs": {"old": {"nodes": ["node0"]}}}
+JOBS_COMMAND = ". /etc/ddp-cluster/env.sh && python -m ddp_cluster.supervisor.jobs --jobs-dir /workspace/jobs"
+
+
+def label_of(image_id: str) -> str:
+    return json.dumps({**SPEC, "image_id": image_id}, sort_keys=True, separators=(",", ":"))
+
+
+@pytest.fixture
+def job_engine(engine: Path) -> Path:
+    """A container made from an earlier image (sha256:1) that runs, the engine's image now sha256:2 (so the
+    container would be recreated), and a node whose jobs command answers JOB_REPORT."""
+    (engine / "image_id").write_text("sha256:2\n")
+    (engine / "container").write_text(
+        json.dumps(
+            [{"Config": {"Labels": {node.SPEC_LABEL: label_of("sha256:1")}}, "State": {"Running": True}}]
+        )
+    )
+    answers(engine, JOB_REPORT)
+    return engine
+
+
+def answers(engine: Path, *reports: dict[str, Any] | str) -> None:
+    """The node's answers to the jobs command, one per call, the last one repeated (a str: printed as is)."""
+    lines = [report if isinstance(report, str) else json.dumps(report) for report in reports]
+    (engine / "jobs").write_text("\n".join(lines) + "\n")
+
+
+def with_jobs(tmp_path: Path, **jobs: Any) -> dict[str, Any]:
+    return {**params(tmp_path), "jobs": {"command": JOBS_COMMAND, "wait_timeout": 3600, **jobs}}
+
+
+def changes(state: Path) -> list[str]:
+    return [call.split()[0] for call in calls(state) if call.startswith(("rm", "create", "start"))]
+
+
+def test_the_nodes_answer_is_read_as_the_controller_reads_it() -> None:
+    output = "a warning first\n" + json.dumps(JOB_REPORT) + "\n"
+    assert node.busy_jobs(output) == {"train-7": ["node0", "node1"]}
+    assert node.busy_jobs(output) == node_jobs.busy(node_jobs.parse(output) or {})
+    assert node.busy_jobs(json.dumps({"busy": ["x"]})) == {"x": []}
+    assert node.busy_jobs("no JSON here") is None and node.busy_jobs("{not json") is None
+
+
+def test_a_container_running_a_job_is_refused_by_name_and_nothing_changes(
+    tmp_path: Path, job_engine: Path
+) -> None:
+    for check in (False, True):
+        with pytest.raises(NodeError) as refused:
+            node.bring_up(with_jobs(tmp_path), check=check)
+        message = str(refused.value)
+        assert message.startswith(
+            "job train-7 (nodes node0, node1) runs on node0, and its container would be recreated (its "
+            "specification changed)"
+        ), message
+        assert "node0 was refused, nothing was changed on it" in message
+        assert "`ansible-playbook jobs.yml -e stop=train-7`" in message
+        assert "-e wait=true" in message and "node_container_wait_timeout=3600 s" in message
+        assert "-e force=true" in message
+    assert not (tmp_path / "node0").exists(), "a refused node's directories were made"
+    assert changes(job_engine) == []
+    asked = [call for call in calls(job_engine) if call.startswith("exec ")]
+    assert asked == [f"exec node0 /bin/bash -c {JOBS_COMMAND}"] * 2
+
+
+def test_force_recreates_it_and_says_which_job_it_stops(tmp_path: Path, job_engine: Path) -> None:
+    checked = node.bring_up(with_jobs(tmp_path, force=True), check=True)
+    assert checked["warnings"] == ["force=true: recreating node0 would stop job train-7 (nodes node0, node1)"]
+    assert changes(job_engine) == []
+    result = node.bring_up(with_jobs(tmp_path, force=True), check=False)
+    assert result["warnings"] == ["force=true: recreating node0 stops job train-7 (nodes node0, node1)"]
+    assert result["container_changed"] and changes(job_engine) == ["rm", "create", "start"]
+
+
+def test_wait_looks_again_until_the_job_ended_then_recreates(tmp_path: Path, job_engine: Path) -> None:
+    answers(job_engine, JOB_REPORT, JOB_REPORT, FREE_REPORT)
+    checked = node.bring_up(with_jobs(tmp_path, wait=True, poll=0.01), check=True)
+    assert checked["actions"][0] == (
+        "would wait for job train-7 (nodes node0, node1) to end (at most 3600 s), then recreate"
+    )
+    assert changes(job_engine) == [] and len(calls(job_engine)) == 3  # image, container, one look: no wait
+    result = node.bring_up(with_jobs(tmp_path, wait=True, poll=0.01), check=False)
+    assert result["actions"][0].startswith("waited ") and result["actions"][0].endswith(
+        "s for job train-7 (nodes node0, node1) to end"
+    )
+    looks = [call for call in calls(job_engine) if call.startswith("exec node0 /bin/bash")]
+    assert len(looks) == 3  # check mode's (busy), then busy and free
+    assert changes(job_engine) == ["rm", "create", "start"] and result["warnings"] == []
+
+
+def test_wait_gives_up_after_its_bound_and_changes_nothing(tmp_path: Path, job_engine: Path) -> None:
+    with pytest.raises(NodeError, match=r"job train-7 \(nodes node0, node1\) still runs on node0 after 0 s"):
+        node.bring_up(with_jobs(tmp_path, wait=True, wait_timeout=0.05, poll=0.01), check=False)
+    assert changes(job_engine) == [] and not (tmp_path / "node0").exists()
+
+
+def test_a_node_without_a_job_is_recreated_without_a_word(tmp_path: Path, job_engine: Path) -> None:
+    answers(job_engine, FREE_REPORT)
+    result = node.bring_up(with_jobs(tmp_path), check=False)
+    assert result["warnings"] == [] and changes(job_engine) == ["rm", "create", "start"]
+
+
+def test_a_node_that_does_not_answer_runs_no_job_and_a_warning_says_so(
+    tmp_path: Path, job_engine: Path
+) -> None:
+    answers(job_engine, "OCI runtime exec failed: no such file")
+    result = node.bring_up(with_jobs(tmp_path), check=False)
+    assert result["warnings"] == [
+        "node0: could not ask the node which jobs run there (OCI runtime exec failed: no such file): "
+        "recreating it"
+    ]
+    assert changes(job_engine) == ["rm", "create", "start"]
+
+
+def test_jobs_are_asked_only_of_a_running_container_that_would_be_recreated(
+    tmp_path: Path, job_engine: Path
+) -> None:
+    # Stopped: nothing runs in it.
+    (job_engine / "container").write_text(
+        json.dumps(
+            [{"Config": {"Labels": {node.SPEC_LABEL: label_of("sha256:1")}}, "State": {"Running": False}}]
+        )
+    )
+    node.bring_up(with_jobs(tmp_path), check=False)
+    assert changes(job_engine) == ["rm", "create", "start"]
+    # Unchanged and running: left alone, and the node is not asked (a second site.yml stays at one exec).
+    (job_engine / "container").write_text(
+        json.dumps(
+            [{"Config": {"Labels": {node.SPEC_LABEL: label_of("sha256:2")}}, "State": {"Running": True}}]
+        )
+    )
+    (job_engine / "calls").unlink()
+    again = node.bring_up(with_jobs(tmp_path), check=False)
+    assert not again["changed"] and again["warnings"] == []
+    assert [call.split()[0] for call in calls(job_engine)] == ["image", "container", "exec"]
+    assert not any("/bin/bash" in call for call in calls(job_engine))

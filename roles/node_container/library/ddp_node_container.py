@@ -19,8 +19,14 @@ description:
     container whose label differs from the one asked for is removed and created again, so a new image, a
     changed volume or variable, or a container made by hand under the node's name is replaced, and an
     unchanged one is left running.
-  - Check mode says what would change and changes nothing; diff mode shows the settings file and the
-    specification before and after.
+  - Replacing a container stops what runs in it. When the running container would be replaced, the module
+    first asks the node which jobs run there (O(jobs.command), in the container); when one does, the node is
+    refused by name before anything changes on it (directories and settings file included), naming the jobs
+    and how to go on, unless O(jobs.force) (replaced anyway, said in a warning) or O(jobs.wait) (their end
+    waited for, within O(jobs.wait_timeout) seconds). A container that does not answer runs no job it could
+    report (a warning says so).
+  - Check mode says what would change and changes nothing (a refusal too); diff mode shows the settings file
+    and the specification before and after.
 options:
   directories:
     description: Each C(path) and C(mode) (octal string), owned by root.
@@ -45,6 +51,15 @@ options:
       one line per fact the action reads, C(ddp-node KEY), a colon, the value).
     type: dict
     required: true
+  jobs:
+    description:
+      - C(command), the node's report of its jobs (one JSON line, C(busy) and C(jobs)), run with
+        C(/bin/bash -c) in the container; the action builds it (ddp_cluster.job.node_jobs.command). Without
+        it the jobs are not asked.
+      - C(force) (recreate anyway), C(wait) (wait for the jobs to end), C(wait_timeout) (seconds),
+        C(poll) (seconds between looks while waiting, default 5).
+    type: dict
+    required: false
 """
 
 RETURN = r"""
@@ -76,6 +91,7 @@ def main() -> None:
             "settings": {"type": "dict", "required": True},
             "container": {"type": "dict", "required": True},
             "sshd": {"type": "dict", "required": True},
+            "jobs": {"type": "dict", "required": False},
         },
         supports_check_mode=True,
     )
@@ -83,6 +99,8 @@ def main() -> None:
         result = bring_up(module.params, module.check_mode)
     except NodeError as error:
         module.fail_json(msg=f"{module.params['container'].get('name', '?')}: {error}")
+    for warning in result.pop("warnings"):
+        module.warn(warning)
     diff = result.pop("diff")
     if module._diff and result["actions"]:
         result["diff"] = diff

@@ -6,6 +6,8 @@ the servers as module_utils, so it uses the standard library only and runs on Py
 action on the controller, which reads the probe's lines with the same code that knows their format:
 
 - :func:`bring_up`: on the server, the whole stage for one node (each step only when something differs);
+- :func:`jobs_in`, :func:`guard_jobs`: the jobs that run in a container that would be recreated, asked of the
+  node itself, and what that means: refused (before anything changes on the node), waited for, or forced;
 - :func:`run_argv`, :func:`gpus_option`: the ``docker create`` arguments of a container specification;
 - :func:`sshd_failure`, :func:`probe_lines`, :func:`host_keys`, :func:`files_of`, :func:`record_of`: on the
   controller, sshd's effective configuration checked and the probe's ``ddp-node KEY: VALUE`` lines read.
@@ -13,6 +15,10 @@ action on the controller, which reads the probe's lines with the same code that 
 The container's specification (its image's id included) is kept in its label ``ddp-cluster.spec``: a container
 whose label differs from the one asked for is removed and created again, so a new image, a changed volume or
 variable, or a container made by hand under the node's name is replaced, and an unchanged one left running.
+Replacing a container stops what runs in it: when a job runs there (the node's own answer, the command that
+``ddp_cluster.job.node_jobs.command`` builds on the controller), the node is refused by name before anything
+changes on it, unless the run waits for the job to end (``wait``, within ``wait_timeout``) or forces it
+(``force``, said in a warning).
 """
 
 from __future__ import annotations
@@ -166,41 +172,165 @@ def run_argv(spec: dict[str, Any], label: str) -> list[str]:
     return argv
 
 
-def container(spec: dict[str, Any], check: bool, diff: dict[str, Any]) -> tuple[list[str], bool]:
-    """Create, replace or start the node's container: (actions, whether it runs or will)."""
+def plan_container(spec: dict[str, Any], check: bool) -> dict[str, Any]:
+    """What the node's container needs, read from the engine and changing nothing: ``do`` is ``none``,
+    ``start``, ``create``, ``replace`` (a running or stopped container made from another specification, or
+    by hand) or ``no-image`` (check mode before the image stage ran); ``wanted`` the specification label,
+    ``before`` the found one, ``running`` whether the found container runs."""
     image = docker("image", "inspect", "--format", "{{.Id}}", spec["image"], check=False)
     if image.returncode != 0:
         if check:  # the image stage, in check mode too, only said it would build it
-            return [
-                f"would create container {spec['name']} from {spec['image']} (not on this engine yet)"
-            ], False
+            return {"do": "no-image", "running": False}
         raise NodeError(
             f"image {spec['image']} is not on this server's engine: run the image stage first "
             "(ansible-playbook site.yml --tags image), or set node_container_image to an image it has"
         )
     wanted = json.dumps({**spec, "image_id": image.stdout.strip()}, sort_keys=True, separators=(",", ":"))
     found = docker("container", "inspect", spec["name"], check=False)
+    if found.returncode != 0:
+        return {"do": "create", "wanted": wanted, "running": False}
+    info = json.loads(found.stdout)[0]
+    label = (info["Config"].get("Labels") or {}).get(SPEC_LABEL, "")
+    running = bool(info["State"].get("Running"))
+    if label == wanted:
+        return {"do": "none" if running else "start", "wanted": wanted, "running": running}
+    return {"do": "replace", "wanted": wanted, "before": label, "running": running}
+
+
+def container(
+    spec: dict[str, Any], plan: dict[str, Any], check: bool, diff: dict[str, Any]
+) -> tuple[list[str], bool]:
+    """Do what :func:`plan_container` found the container needs: (actions, whether it runs or will)."""
+    if plan["do"] == "no-image":
+        return [f"would create container {spec['name']} from {spec['image']} (not on this engine yet)"], False
+    if plan["do"] == "none":
+        return [], True
     actions = []
-    if found.returncode == 0:
-        info = json.loads(found.stdout)[0]
-        label = (info["Config"].get("Labels") or {}).get(SPEC_LABEL, "")
-        if label == wanted:
-            if info["State"].get("Running"):
-                return [], True
-            actions.append(f"started container {spec['name']}")
-            if not check:
-                docker("start", spec["name"])
-            return actions, not check
+    if plan["do"] == "start":
+        actions.append(f"started container {spec['name']}")
+        if not check:
+            docker("start", spec["name"])
+        return actions, not check
+    if plan["do"] == "replace":
+        label = plan["before"]
         diff["before"]["container"] = json.loads(label) if label.startswith("{") else "(made elsewhere)"
         actions.append(f"removed container {spec['name']} (its specification differs)")
         if not check:
             docker("rm", "--force", spec["name"])
-    diff["after"]["container"] = json.loads(wanted)
+    diff["after"]["container"] = json.loads(plan["wanted"])
     actions.append(f"created and started container {spec['name']} from {spec['image']}")
     if not check:
-        docker(*run_argv(spec, wanted))
+        docker(*run_argv(spec, plan["wanted"]))
         docker("start", spec["name"])
     return actions, not check
+
+
+# --- the jobs that a replaced container would stop ---------------------------------------------------------
+
+# Seconds between looks while waiting for a node's jobs to end, and for one look.
+JOBS_POLL = 5.0
+JOBS_TIMEOUT = 60
+
+
+def busy_jobs(output: str) -> dict[str, list[str]] | None:
+    """The jobs whose processes run on the node (job id -> its nodes), from the node's answer: its last JSON
+    line, ``busy`` (the job ids) and ``jobs`` (each job's ``nodes``), as ``ddp_cluster.supervisor.jobs``
+    prints it (the controller reads the same answer with ``ddp_cluster.job.node_jobs.busy``). None when there
+    is no such line."""
+    for line in reversed(output.strip().splitlines()):
+        if not line.startswith("{"):
+            continue
+        try:
+            report = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(report, dict):
+            return None
+        listed = report.get("jobs")
+        jobs = listed if isinstance(listed, dict) else {}
+        found: dict[str, list[str]] = {}
+        for job in report.get("busy") or []:
+            item = jobs.get(job)
+            nodes = item.get("nodes") if isinstance(item, dict) else None
+            found[str(job)] = [str(node) for node in nodes] if isinstance(nodes, list) else []
+        return found
+    return None
+
+
+def jobs_in(name: str, command: str) -> tuple[dict[str, list[str]], str]:
+    """(the jobs that run in container ``name``: job id -> its nodes, why the node did not say): ``command``
+    asked in the container. A container that does not answer (stopped, or an image without the package) runs
+    none that it could report."""
+    done = docker("exec", name, "/bin/bash", "-c", command, check=False, timeout=JOBS_TIMEOUT)
+    found = busy_jobs(done.stdout) if done.returncode == 0 else None
+    if found is None:
+        said = (done.stderr.strip() or done.stdout.strip() or f"rc {done.returncode}").splitlines()
+        return {}, said[-1][:200]
+    return found, ""
+
+
+def describe_jobs(jobs: dict[str, list[str]]) -> str:
+    """'job A (nodes node0, node1)', or 'jobs A (nodes ...), B (nodes ...)'."""
+    parts = [f"{job} (nodes {', '.join(nodes)})" if nodes else job for job, nodes in sorted(jobs.items())]
+    return ("job " if len(parts) == 1 else "jobs ") + ", ".join(parts)
+
+
+def refusal(name: str, jobs: dict[str, list[str]], why: str, timeout: float) -> str:
+    """Why node ``name``'s container is not recreated while ``jobs`` run in it, and the three ways on."""
+    stops = ", then ".join(f"`ansible-playbook jobs.yml -e stop={job}`" for job in sorted(jobs))
+    return (
+        f"{describe_jobs(jobs)} {'runs' if len(jobs) == 1 else 'run'} on {name}, and its container would be "
+        f"recreated ({why}), which stops "
+        f"every process in it: {name} was refused, nothing was changed on it. Stop the job first ({stops}), "
+        f"or run site.yml again with -e wait=true (it waits for the job to end, at most "
+        f"node_container_wait_timeout={timeout:.0f} s), or with -e force=true (recreates the container now "
+        "and stops the job)."
+    )
+
+
+def guard_jobs(
+    name: str,
+    plan: dict[str, Any],
+    jobs: dict[str, Any] | None,
+    check: bool,
+) -> tuple[list[str], list[str]]:
+    """Before anything changes on the node: when its running container would be recreated (``plan``) and
+    jobs run in it (asked with ``jobs["command"]``), NodeError naming them and how to go on, unless
+    ``jobs["force"]`` (recreated anyway, said in a warning) or ``jobs["wait"]`` (their end waited for, at most
+    ``jobs["wait_timeout"]`` s; check mode only says it would). (actions, warnings)."""
+    if plan["do"] != "replace" or not plan["running"] or not jobs or not jobs.get("command"):
+        return [], []
+    found, unanswered = jobs_in(name, str(jobs["command"]))
+    if unanswered:
+        return [], [f"{name}: could not ask the node which jobs run there ({unanswered}): recreating it"]
+    if not found:
+        return [], []
+    would = "would stop" if check else "stops"
+    if jobs.get("force"):
+        return [], [f"force=true: recreating {name} {would} {describe_jobs(found)}"]
+    made_here = str(plan.get("before", "")).startswith("{")
+    why = "its specification changed" if made_here else "it was not made by site.yml"
+    timeout = float(jobs.get("wait_timeout") or 0)
+    if not jobs.get("wait"):
+        raise NodeError(refusal(name, found, why, timeout))
+    if check:
+        return [f"would wait for {describe_jobs(found)} to end (at most {timeout:.0f} s), then recreate"], []
+    started = time.monotonic()
+    poll = float(jobs.get("poll") or JOBS_POLL)
+    while found:
+        if time.monotonic() - started >= timeout:
+            raise NodeError(
+                f"{describe_jobs(found)} still {'runs' if len(found) == 1 else 'run'} on {name} after "
+                f"{timeout:.0f} s of waiting (node_container_wait_timeout): {name} was refused, nothing was "
+                "changed on it. Stop the job "
+                f"(`ansible-playbook jobs.yml -e stop={sorted(found)[0]}`), wait longer (-e "
+                "node_container_wait_timeout=SECONDS), or run site.yml with -e force=true (recreates the "
+                "container now and stops the job)."
+            )
+        time.sleep(poll)
+        ended = found
+        found, _ = jobs_in(name, str(jobs["command"]))
+    return [f"waited {time.monotonic() - started:.0f} s for {describe_jobs(ended)} to end"], []
 
 
 def wait_for_sshd(name: str, sshd: dict[str, Any]) -> tuple[list[str], str]:
@@ -220,25 +350,31 @@ def wait_for_sshd(name: str, sshd: dict[str, Any]) -> tuple[list[str], str]:
 
 
 def bring_up(params: dict[str, Any], check: bool) -> dict[str, Any]:
-    """The module's whole run: directories, settings file, container, then the probe's lines once sshd answers
-    (none in check mode before the container exists). The result: changed, actions, container_changed, sshd,
-    sshd_error and diff (before and after of the settings file and the specification). NodeError when a step
-    cannot be done."""
+    """The module's whole run: the jobs a replaced container would stop (``params["jobs"]``, see
+    :func:`guard_jobs`), directories, settings file, container, then the probe's lines once sshd answers (none
+    in check mode before the container exists). The result: changed, actions, container_changed, sshd,
+    sshd_error, diff (before and after of the settings file and the specification) and warnings. NodeError
+    when a step cannot be done, or the node is refused for its jobs."""
     if shutil.which("docker") is None:
         raise NodeError(NO_DOCKER_CLI)
     diff: dict[str, Any] = {"before": {}, "after": {}}
+    spec = params["container"]
+    plan = plan_container(spec, check)
+    # The jobs first: a refused node is left exactly as it was (directories and settings file included).
+    waited, warnings = guard_jobs(spec["name"], plan, params.get("jobs"), check)
     actions = directories(params["directories"], check)
     actions += settings_file(params["settings"], check, diff)
-    done, running = container(params["container"], check, diff)
+    done, running = container(spec, plan, check, diff)
     actions += done
-    lines, why = wait_for_sshd(params["container"]["name"], params["sshd"]) if running else ([], "")
+    lines, why = wait_for_sshd(spec["name"], params["sshd"]) if running else ([], "")
     return {
         "changed": bool(actions),
-        "actions": actions,
+        "actions": waited + actions,
         "container_changed": bool(done),
         "sshd": lines,
         "sshd_error": why,
         "diff": diff,
+        "warnings": warnings,
     }
 
 
