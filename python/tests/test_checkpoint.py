@@ -193,3 +193,31 @@ def test_pack_keeps_the_checkpoint_that_resume_would_load(tmp_path: Path) -> Non
         _, newest = pack.members(str(tmp_path), str(tmp_path / "results.tar.gz"))
         assert tmp_path / newest == ckpt.latest_checkpoint(checkpoints)
     assert newest.endswith("epoch-00002.step-000000017.ckpt")
+
+
+def test_the_supervisors_torch_free_check_agrees_with_loading(tmp_path: Path) -> None:
+    """verify_file (the supervisor's, on its copies) says what read_verified (a rank's, on load) raises."""
+    from ddp_cluster.runtime.checkpoint_names import verify_file
+
+    path = save(tmp_path)
+    assert verify_file(path) == ""
+    data = path.read_bytes()
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"model": {}}, foreign)
+    altered = bytearray(data)
+    altered[-10] ^= 0x01
+    for damaged, expected in [
+        (data[: len(data) // 2], "is truncated or padded"),
+        (data[:20], "shorter than its header"),
+        (bytes(altered), "is corrupt: its SHA-256 does not match"),
+        (None, "is not a ddp_cluster checkpoint"),
+    ]:
+        target = foreign if damaged is None else path
+        if damaged is not None:
+            path.write_bytes(damaged)
+        said = verify_file(target)
+        assert expected in said
+        with pytest.raises(CheckpointError) as raised:
+            ckpt.read_verified(target)
+        assert str(raised.value) == said
+    assert verify_file(tmp_path / "gone.ckpt").startswith("cannot read checkpoint")

@@ -5,10 +5,12 @@ Names: :mod:`ddp_cluster.runtime.checkpoint_names` (``epoch-NNNNN.ckpt``,
 :func:`list_checkpoints` orders by (epoch, step).
 
 A checkpoint file is a 48-byte header (magic ``DDPCKPT1``, payload length as a little-endian uint64, SHA-256
-of the payload) followed by the payload, a ``torch.save`` of a dict of plain types and tensors (model state,
-optimizer state, epoch, step, the batches done of the epoch under way, RNG states, config). A truncated or
-altered file fails the length or checksum test and is named in the error; it is never loaded. Loading uses
-``weights_only=True`` and ``map_location="cpu"``. Read one yourself with :func:`load_checkpoint`.
+of the payload; the header and its check live in :mod:`~ddp_cluster.runtime.checkpoint_names`, torch-free,
+so the supervisor checks its copies with them) followed by the payload, a ``torch.save`` of a dict of plain
+types and tensors (model state, optimizer state, epoch, step, the batches done of the epoch under way, RNG
+states, config). A truncated or altered file fails the length or checksum test and is named in the error; it
+is never loaded. Loading uses ``weights_only=True`` and ``map_location="cpu"``. Read one yourself with
+:func:`load_checkpoint`.
 
 Writing: a hidden temporary file in the same folder, fsync, rename over the final name, fsync the folder, so
 a crash leaves either the previous set of checkpoints or the new one, never half a file under a final name.
@@ -19,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import io
 import random
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +29,19 @@ import torch
 
 from ddp_cluster.errors import CheckpointError
 from ddp_cluster.files import write_atomic
+from ddp_cluster.runtime import checkpoint_names
+from ddp_cluster.runtime.checkpoint_names import HEADER as HEADER
 from ddp_cluster.runtime.checkpoint_names import NAME as NAME
 from ddp_cluster.runtime.checkpoint_names import checkpoint_name, checkpoint_order
 
 FORMAT_VERSION = 1
-MAGIC = b"DDPCKPT1"
-HEADER = struct.Struct("<8sQ32s")
 
 
 def encode(state: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getvalue()
-    return HEADER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()) + payload
+    return checkpoint_names.header(payload) + payload
 
 
 def read_verified(path: Path) -> bytes:
@@ -49,22 +50,12 @@ def read_verified(path: Path) -> bytes:
         data = path.read_bytes()
     except OSError as error:
         raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
-    if len(data) < HEADER.size:
-        raise CheckpointError(f"checkpoint {path} is truncated: {len(data)} bytes, shorter than its header")
-    magic, length, digest = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise CheckpointError(f"{path} is not a ddp_cluster checkpoint (magic {magic!r}, expected {MAGIC!r})")
-    payload = data[HEADER.size :]
-    if len(payload) != length:
-        raise CheckpointError(
-            f"checkpoint {path} is truncated or padded: its header says {length} payload bytes, "
-            f"the file has {len(payload)}"
-        )
-    if hashlib.sha256(payload).digest() != digest:
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt: its SHA-256 does not match the one in its header"
-        )
-    return payload
+    wrong = checkpoint_names.problem(
+        path, len(data), data[: HEADER.size], lambda: hashlib.sha256(memoryview(data)[HEADER.size :]).digest()
+    )
+    if wrong:
+        raise CheckpointError(wrong)
+    return data[HEADER.size :]
 
 
 def decode(payload: bytes, path: Path | str) -> dict[str, Any]:
