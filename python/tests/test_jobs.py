@@ -209,7 +209,7 @@ def test_a_running_status_whose_supervisor_is_gone_is_closed_as_failed(
     )
     fake_processes(monkeypatch, {})
     done = jobs.stop_here(str(root), "J1", "stopped with jobs.yml -e stop=J1")
-    assert done == {"job": "J1", "supervisor": False, "left": False, "closed": True}
+    assert done == {"job": "J1", "supervisor": False, "left": False, "closed": True, "released": False}
     closed = job_status.read(root / "J1" / job_status.FILE)
     assert closed is not None and closed.state == "failed" and closed.done
     assert closed.reason == "stopped with jobs.yml -e stop=J1 (its supervisor was no longer running)"
@@ -233,6 +233,7 @@ def test_a_finished_or_missing_status_is_left_as_it_is(
         "supervisor": False,
         "left": False,
         "closed": False,
+        "released": False,
     }
     assert not (root / "J2" / job_status.FILE).exists()
 
@@ -407,7 +408,7 @@ def test_the_jobs_processes_left_here_are_stopped_by_the_supervisors_own_sweep(
             time.sleep(0.05)
         monkeypatch.setattr(jobs, "RANKS_WAIT", 0.5)
         done = jobs.stop_here(str(root), "J1", "stopped with jobs.yml -e stop=J1")
-        assert done == {"job": "J1", "supervisor": False, "left": True, "closed": True}
+        assert done == {"job": "J1", "supervisor": False, "left": True, "closed": True, "released": False}
         assert ranks["J1"].wait(timeout=10) == -15  # SIGTERM, from the sweep
         assert ranks["J2"].poll() is None
     finally:

@@ -192,3 +192,44 @@ def test_the_node_names_the_job_whose_ranks_run_there_with_its_nodes(tmp_path: P
     assert busy_jobs(f"{output}up\n", "J9") == {}
     (problem,) = problems("node1", "node1", f"{output}up\n", None, [], own="J1")
     assert problem.startswith("node1 runs another job: job J9 (nodes node0, node1).")
+
+
+# --- a job id names one job: its directory already on the node ---
+
+
+def test_the_jobs_directory_already_on_the_node_is_named_with_the_fix(tmp_path: Path) -> None:
+    output = f"exists: /srv/ddp/node1/jobs/J1\n{report()}\nup"
+    (problem,) = problems("node1", "node1", output, None, [], own="J1")
+    assert problem.startswith(
+        "node1: the job's directory /srv/ddp/node1/jobs/J1 is there already: job id J1 was used before on"
+        " this node, and a job id names one job. Pick another job_id, or leave job_id out"
+    )
+    job_dir = tmp_path / "a b" / "J1"
+    script = node_check.check_script("node1", None, node_check.HCCN_TOOL, [], "/workspace/jobs", str(job_dir))
+    first = script.splitlines()[0]  # the server's own line, before the container is asked
+    assert subprocess.run(["/bin/sh", "-c", first], capture_output=True, text=True).stdout == ""
+    job_dir.mkdir(parents=True)
+    said = subprocess.run(["/bin/sh", "-c", first], capture_output=True, text=True).stdout
+    assert said == f"exists: {job_dir}\n"  # the line problems() reads
+
+
+class Used(Busy):
+    """A node busy with J9 whose directory for the job is there already (the server answers first)."""
+
+    def run(self, command: str) -> Done:
+        done = super().run(command)
+        return Done(0, "exists: /srv/ddp/node0/jobs/J1\n" + done.stdout)
+
+
+def test_a_used_job_id_is_refused_at_once_even_with_wait_for_nodes() -> None:
+    node = Used(reads=99)
+    result = check_node(
+        {**plan(), "wait_for_nodes": True, "host_dirs": {"node0": "/srv/ddp/node0/jobs/J1"}},
+        "node0",
+        node,
+        say=print,
+        sleep=lambda seconds: None,
+    )
+    assert result["failed"] is True and len(node.commands) == 1  # not waited for: waiting does not help
+    assert "node0: the job's directory /srv/ddp/node0/jobs/J1 is there already" in result["msg"]
+    assert node.commands[0].startswith("if [ -e /srv/ddp/node0/jobs/J1 ]; then")

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from ddp_cluster import accelerators
-from ddp_cluster.job import plan
+from ddp_cluster.job import control, plan
 from ddp_cluster.job import spec as job
 from ddp_cluster.job.plan import Inventory, PlanError
 
@@ -380,3 +380,40 @@ def test_what_the_request_leaves_out_takes_the_default_argument_specs_states(tmp
         default["max_restarts"],
         str(tmp_path / default["runs_dir"] / "j1"),
     )
+
+
+# --- a job id names one job ---
+
+
+def test_a_job_id_whose_run_exists_is_refused_naming_it_and_nothing_is_written(tmp_path: Path) -> None:
+    first = make(tmp_path)
+    plan.write_files(first)
+    run = tmp_path / "runs" / "j1"
+    written = {path: path.stat().st_mtime_ns for path in run.rglob("*")}
+    said = refused(tmp_path)
+    assert f"job_id=j1 was used before: {run} holds its run, and a job id names one job" in said
+    assert "Pick another job_id, or leave job_id out (a fresh one is made)" in said
+    assert "-e attach=j1" in said and "-e resume=true -e resume_from=j1" in said
+    assert {path: path.stat().st_mtime_ns for path in run.rglob("*")} == written
+    for kind in ("preflight", "check"):  # a gate under a used id is refused before it runs
+        assert "job_id=j1 was used before" in refused(tmp_path, kind=kind)
+    # attach follows it without a plan of its own: the run is read, not refused
+    assert control.attach_plan(tmp_path / "runs", "j1")["attach"] is True
+
+
+def test_an_empty_run_directory_does_not_hold_the_id(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "j1").mkdir(parents=True)
+    assert make(tmp_path).spec.id == "j1"
+    (tmp_path / "runs" / "j1" / "notes.txt").write_text("mine")
+    assert "job_id=j1 was used before" in refused(tmp_path)
+
+
+def test_the_job_after_its_own_gate_shares_the_gates_id_and_no_other_job_does(tmp_path: Path) -> None:
+    gate = make(tmp_path, kind="preflight", id="p1")
+    plan.write_files(gate)
+    assert (tmp_path / "runs" / "p1" / "preflight" / plan.PLAN_FILE).is_file()
+    after = inventory(tmp_path, previous=gate.to_dict(), gate_passed="p1-preflight")
+    assert make(tmp_path, after, id="p1", preflight=True).spec.id == "p1"
+    other_gate = inventory(tmp_path, previous={**gate.to_dict(), "base_id": "p2"}, gate_passed="p2-preflight")
+    assert "job_id=p1 was used before" in refused(tmp_path, other_gate, id="p1")
+    assert "job_id=p1 was used before" in refused(tmp_path, id="p1")  # a later run: no gate of its own

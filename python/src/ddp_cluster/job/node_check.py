@@ -1,12 +1,14 @@
 """Can a planned job start on this node? The check the controller makes on every node of a job before any of
 its files is written (the ``ddp_job_node`` action), so that a refused job leaves nothing behind.
 
-One command on the node's server (:func:`check_script`): the node container answers ``docker exec``; the node
-runs no other job (one job per node at a time; the node's own answer, :mod:`ddp_cluster.job.node_jobs`, names
-the other job and its nodes; with ``wait_for_nodes`` the check is repeated until the node is free, within the
-job's time bound); on the first node the master port is free; before an npu health gate, each of the node's
-job devices reaches its counterpart on the next server (``hccn_tool -i N -ping -g address IP``, as the Ascend
-multi-node checklist does). :func:`problems` names the node, what is wrong and the fix.
+One command on the node's server (:func:`check_script`): the job's directory is not there yet (a job id names
+one job: an id used before on this node is refused before anything is written); the node container answers
+``docker exec``; the node runs no other job (one job per node at a time; the node's own answer,
+:mod:`ddp_cluster.job.node_jobs`, names the other job and its nodes; with ``wait_for_nodes`` the check is
+repeated until the node is free, within the job's time bound); on the first node the master port is free;
+before an npu health gate, each of the node's job devices reaches its counterpart on the next server
+(``hccn_tool -i N -ping -g address IP``, as the Ascend multi-node checklist does). :func:`problems` names the
+node, what is wrong and the fix.
 """
 
 from __future__ import annotations
@@ -24,17 +26,28 @@ HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
 PING_LINE = re.compile(r"^ping (\S+) (\S+) (\S+) ?(.*)$")
 # Seconds between two checks of a busy node, with wait_for_nodes.
 BUSY_POLL = 5.0
+# The script's line when the job's directory is on the node already: its id was used there before.
+EXISTS = "exists: "
 
 
 def check_script(
-    container: str, port: int | None, tool: str, targets: Sequence[Mapping[str, Any]], jobs: str
+    container: str,
+    port: int | None,
+    tool: str,
+    targets: Sequence[Mapping[str, Any]],
+    jobs: str,
+    job_dir: str = "",
 ) -> str:
-    """The shell script the node's server runs: ``listening:`` lines, the node's jobs (one JSON line) and
-    ``up`` from the container (``down: RC`` when it does not answer), then a ``ping`` line per target.
-    ``jobs``: the jobs' directory in the node (/workspace/jobs)."""
+    """The shell script the node's server runs: ``exists: DIR`` when the job's directory ``job_dir`` (on the
+    server) is there already; ``listening:`` lines, the node's jobs (one JSON line) and ``up`` from the
+    container (``down: RC`` when it does not answer), then a ``ping`` line per target. ``jobs``: the jobs'
+    directory in the node (/workspace/jobs)."""
     listening = f"(ss -Htln 'sport = :{port}' | sed 's/^/listening: /'); " if port else ""
     in_node = f"{listening}({node_jobs.command(jobs)}); echo up"
-    lines = [f"{in_container(container, in_node)} 2>&1 || echo down: $?"]
+    lines = []
+    if job_dir:
+        lines.append(f"if [ -e {shlex.quote(job_dir)} ]; then echo {shlex.quote(EXISTS + job_dir)}; fi")
+    lines.append(f"{in_container(container, in_node)} 2>&1 || echo down: $?")
     for target in targets:
         device, address = shlex.quote(str(target["device"])), shlex.quote(str(target["address"]))
         lines.append(
@@ -47,12 +60,7 @@ def check_script(
 
 
 def busy_problem(node: str, busy: Mapping[str, Sequence[str]]) -> str:
-    jobs = "; ".join(f"job {job} (nodes {', '.join(nodes) or '?'})" for job, nodes in busy.items())
-    first = next(iter(busy))
-    return (
-        f"{node} runs another job: {jobs}. One job per node at a time: wait for it (-e wait=true waits,"
-        f" within job_timeout), stop it (ansible-playbook jobs.yml -e stop={first}), or ask for other nodes."
-    )
+    return node_jobs.busy_message(node, busy)
 
 
 def busy_jobs(output: str, own: str) -> dict[str, list[str]]:
@@ -77,7 +85,14 @@ def problems(
             f"{node}: the node container {container} does not run ({said[:160]}): bring the cluster up with"
             " `ansible-playbook site.yml`, then run train.yml again."
         ]
-    found = []
+    found = [
+        f"{node}: the job's directory {line.removeprefix(EXISTS)} is there already: job id {own} was used"
+        " before on this node, and a job id names one job. Pick another job_id, or leave job_id out (a"
+        " fresh one is made); the earlier job's files stay where they are (ansible-playbook jobs.yml lists"
+        " it)."
+        for line in lines
+        if line.startswith(EXISTS)
+    ]
     if busy := busy_jobs(output, own):
         found.append(busy_problem(node, busy))
     listening = [line.removeprefix("listening: ") for line in lines if line.startswith("listening: ")]
@@ -115,7 +130,8 @@ def check_node(
     port = int(plan["master_port"]) if node == plan["first"] else None
     targets = list((plan.get("ping") or {}).get(node) or [])
     own = str(plan["id"])
-    script = check_script(node, port, tool, targets, node_jobs.jobs_dir(str(plan["job_dir"])))
+    job_dir = str((plan.get("host_dirs") or {}).get(node) or "")
+    script = check_script(node, port, tool, targets, node_jobs.jobs_dir(str(plan["job_dir"])), job_dir)
     deadline = clock() + float(plan["timeout"])
     waited = False
     while True:

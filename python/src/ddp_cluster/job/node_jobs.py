@@ -4,8 +4,10 @@ The node answers with :mod:`ddp_cluster.supervisor.jobs` (in its container: the 
 processes that name them), whoever asks: the controller's check before a job starts (``ddp_job_node``: is the
 node busy?), ``jobs.yml`` (the list; ``-e stop=ID``), the controller's wait when it stops a job (Ctrl-C, its
 bound), and the supervisor looking for a free spare. So "which jobs run here" and "stop this job here" have
-one implementation, in the node. :func:`table` merges the nodes' answers into the lines jobs.yml prints: each
-job (id, state, nodes, progress, started, restarts) and each node (free, busy with a job, down).
+one implementation, in the node. So has the claim of a job's nodes that its start takes (one job per node,
+:func:`claim_command`, read by :func:`parse_claim`). :func:`table` merges the nodes' answers into the lines
+jobs.yml prints: each job (id, state, nodes, progress, started, restarts) and each node (free, busy with a
+job, down).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_cluster.job import status as job_status
@@ -41,6 +43,56 @@ def command(jobs: str, stop: str = "", reason: str | None = None) -> str:
         if reason is not None:
             line += f" --reason {shlex.quote(reason)}"
     return line
+
+
+def claim_command(jobs: str, job: str, nodes: Sequence[str]) -> str:
+    """The first node's shell command that claims ``nodes`` for ``job``, all or nothing (one JSON line
+    says; :func:`parse_claim` reads it). Run in the first node's container: it reaches the others over the
+    mesh."""
+    return (
+        f". {NODE_ENV} && python -m {MODULE} --jobs-dir {shlex.quote(jobs)} --claim {shlex.quote(job)}"
+        f" --nodes {shlex.quote(','.join(nodes))}"
+    )
+
+
+def release_command(jobs: str, job: str, nodes: Sequence[str]) -> str:
+    """The first node's shell command that releases ``job``'s claim on ``nodes`` (another job's is kept)."""
+    return (
+        f". {NODE_ENV} && python -m {MODULE} --jobs-dir {shlex.quote(jobs)} --release {shlex.quote(job)}"
+        f" --nodes {shlex.quote(','.join(nodes))}"
+    )
+
+
+def busy_message(node: str, busy: Mapping[str, Sequence[str]]) -> str:
+    """``node`` is another job's (job id -> its nodes): what the user sees, with the three ways on."""
+    jobs = "; ".join(f"job {job} (nodes {', '.join(nodes) or '?'})" for job, nodes in busy.items())
+    first = next(iter(busy))
+    return (
+        f"{node} runs another job: {jobs}. One job per node at a time: wait for it (-e wait=true waits,"
+        f" within job_timeout), stop it (ansible-playbook jobs.yml -e stop={first}), or ask for other nodes."
+    )
+
+
+def parse_claim(output: str) -> tuple[bool, str]:
+    """Whether :func:`claim_command` claimed every node, and else why, as the user reads it."""
+    answer = parse(output)
+    if answer is None or "claimed" not in answer:
+        said = output.strip().splitlines()
+        return (
+            False,
+            f"the claim of the job's nodes gave no answer ({(said[-1] if said else 'no output')[:200]})",
+        )
+    if answer["claimed"]:
+        return True, ""
+    node, other = str(answer.get("node") or "?"), str(answer.get("job") or "")
+    if other:
+        nodes = answer.get("nodes")
+        return False, busy_message(node, {other: [str(n) for n in nodes] if isinstance(nodes, list) else []})
+    return False, (
+        f"{node} did not answer the claim of its node over the cluster's ssh ({answer.get('error', '?')}):"
+        " check that its container runs (ansible-playbook jobs.yml lists the nodes), bring it back with"
+        " site.yml, or ask for other nodes."
+    )
 
 
 def parse(output: str) -> dict[str, Any] | None:

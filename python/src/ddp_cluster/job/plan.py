@@ -248,6 +248,23 @@ def _job_id(request: Mapping[str, Any], inventory: Inventory) -> str:
     return stamp + "-" + "".join(random.choices(string.ascii_lowercase + string.digits, k=4))
 
 
+def _check_unused(run: Path, base_id: str, kind: str, previous: Mapping[str, Any]) -> None:
+    """A job id names one job: refuse one whose run (runs/<id>) holds anything, before anything is written,
+    but for the job after its own health gate in this playbook run (runs/<id>/preflight is that gate's, and
+    the gate was refused the same way if runs/<id> was used)."""
+    gate = previous.get("kind") == "preflight" and previous.get("base_id") == base_id
+    if (kind == "train" and gate) or not (run.is_file() or (run.is_dir() and any(run.iterdir()))):
+        return
+    raise PlanError(
+        [
+            f"job_id={base_id} was used before: {run} holds its run, and a job id names one job. Pick another"
+            " job_id, or leave job_id out (a fresh one is made). To follow that job: -e"
+            f" attach={base_id}. To resume from it: -e resume=true -e resume_from={base_id}. Nothing was"
+            " started"
+        ]
+    )
+
+
 @dataclass(frozen=True)
 class _Checked:
     """The request's values as the plan uses them, once every rule between them holds."""
@@ -374,6 +391,7 @@ def make_plan(
     kind = str(request["kind"])
     gate = kind != "train"
     base_id = _job_id(request, inventory)
+    _check_unused(asked.runs_dir / base_id, base_id, kind, inventory.previous)
     if kind == "train" and asked.preflight and inventory.gate_passed != f"{base_id}-preflight":
         raise PlanError(
             [
