@@ -378,3 +378,19 @@ def test_the_first_node_command_claims_through_its_mesh(
     assert (answer["claimed"], answer["node"], answer["job"]) == (False, me, "J1")
     with pytest.raises(SystemExit):
         jobs.main(["--jobs-dir", str(root), "--claim", "../J1"])
+
+
+def test_a_jobs_own_nodes_are_renewed_at_once_and_a_lost_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_processes(monkeypatch)
+    folders = folders_of(tmp_path, "n0", "n1", "n2")
+    assert claim_all(Mesh("n0", folders), ["n0", "n1", "n2"], "J1")["claimed"] is True
+    for folder in folders.values():
+        age(folder, jobs.CLAIM_GRACE + 1)
+    assert jobs.claim(str(folders["n2"]), "J7") is None  # stale: another job took it
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        lost = jobs.renew_all(Mesh("n0", folders), ["n0", "n1", "n2"], "J1", str(folders["n0"]), pool)
+    assert list(lost) == ["n2"] and lost["n2"]["job"] == "J7"
+    assert [holder(folders[node]) for node in ("n0", "n1", "n2")] == ["J1", "J1", "J7"]
+    assert time.time() - (folders["n1"] / jobs.CLAIM).stat().st_mtime < 60

@@ -22,8 +22,10 @@ when it ends. ``--claim ID --nodes n0,n1,...`` (on the job's first node) takes t
 sorted order, this one directly and the others over the mesh's ssh (each the single-node form, ``--here``);
 the first refusal releases what was taken and names the node and the job that has it. Of two starts whose
 nodes overlap, the one that takes the lowest node they share goes on and the other takes none of the rest:
-exactly one of them starts. A node whose claim is its own job's already is claimed again (the supervisor
-adopts the start's claim; a restart re-claims its nodes).
+exactly one of them starts. A node whose claim is its own job's already is claimed again, its time renewed
+(the supervisor adopts the start's claim, and renews its nodes' at once before it launches:
+:func:`renew_all`); a restart claims each spare it takes (:func:`claim_one`); the supervisor's end releases
+them all (:func:`release_all`), as does a stop on a node once nothing of the job is left there.
 
 Why a file and a lock, not either alone: a claim must outlive the short command that takes it (it is held
 from the start until the supervisor ends, and read by anyone), so it is a file, not a held ``flock``; but the
@@ -265,6 +267,17 @@ def release_all(
     not answer: their claim goes stale once nothing of the job runs there)."""
     done = pool.map(lambda node: release_one(mesh, node, job, jobs_dir), nodes)
     return [node for node, released in zip(nodes, done, strict=True) if not released]
+
+
+def renew_all(
+    mesh: Mesh, nodes: Sequence[str], job: str, jobs_dir: str, pool: ThreadPoolExecutor
+) -> dict[str, dict[str, Any]]:
+    """Claim again, all at once, nodes that are ``job``'s already (their grace starts anew: the supervisor
+    does it before it launches, when handing out the files may have taken a while); node -> the refusal of
+    each node that is no longer the job's (its claim went stale and another job took it, or it did not
+    answer)."""
+    answers = pool.map(lambda node: claim_one(mesh, node, job, jobs_dir, nodes), nodes)
+    return {node: answer for node, answer in zip(nodes, answers, strict=True) if not answer.get("claimed")}
 
 
 def claim_all(
