@@ -17,11 +17,13 @@ from test_plan import OPTIONS, exported, records, request
 from test_plan import inventory as plan_inventory
 from test_supervise import spec
 
+from ddp_cluster.files import add_file
 from ddp_cluster.job import doctor, plan, status
 from ddp_cluster.job import spec as jobspec
 from ddp_cluster.job.plan import Inventory, PlanError
 from ddp_cluster.job.spec import JobSpec, JobSpecError
 from ddp_cluster.job.status import Status
+from ddp_cluster.runtime import checkpoint_names
 from ddp_cluster.supervisor import recovery
 from ddp_cluster.supervisor.failures import Failure, launcher_failure
 from ddp_cluster.supervisor.loop import STATUS_FILE, Supervisor
@@ -54,8 +56,8 @@ def test_no_checkpoint_folder_or_an_empty_one_is_no_checkpoint(tmp_path: Path) -
 def checkpoints(output: Path, *names: str) -> None:
     folder = output / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        (folder / name).write_bytes(b"DDPCKPT1")
+    for name in names:  # complete checkpoints: a header with the payload's length and checksum
+        (folder / name).write_bytes(checkpoint_names.header(name.encode()) + name.encode())
 
 
 def test_an_epoch_checkpoints_step_comes_from_the_epochs_record(tmp_path: Path) -> None:
@@ -345,7 +347,10 @@ def first_attempt(supervisor: Supervisor) -> None:
     log.parent.mkdir(parents=True)
     log.write_text("epoch 3\n")
     (job_dir / LAUNCHER_LOG).write_text("the first attempt\n")
-    (job_dir / BUNDLE).write_bytes(b"the job's bundle")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as bundle:
+        add_file(bundle, "train.py", b"the job's script")
+    (job_dir / BUNDLE).write_bytes(buffer.getvalue())
 
 
 def tar_files(data: bytes) -> dict[str, bytes]:
@@ -383,7 +388,9 @@ def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
     hostfile = (job_dir / "hostfile").read_text()
     assert "n0 slots=1\nn2 slots=1\n" in hostfile and "n1" not in hostfile
     assert [nodes for nodes, _ in cluster.given] == [["n2"], ["n2"]]
-    assert cluster.given[0][1] == b"the job's bundle"  # the spare gets the job's files first
+    # the spare gets the job's files first, and the bundle itself (to hand on if it takes the job over)
+    given = tar_files(cluster.given[0][1])
+    assert given["train.py"] == b"the job's script" and given[BUNDLE] == (job_dir / BUNDLE).read_bytes()
     update = tar_files(cluster.given[1][1])
     assert json.loads(update[jobspec.JOB_FILE])["nodes"] == ["n0", "n2"]
     # the attempt's logs, archived here; the lost node is asked nothing
@@ -406,6 +413,7 @@ def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
         "resume_step": 150,
         "last_step": 170,
         "steps_redone": 20,
+        "checkpoints_skipped": [],
     }
     assert record["lost_at"] == round(failure.at, 2) <= record["restarted_at"]
     written = status.read(job_dir / STATUS_FILE)
@@ -695,3 +703,23 @@ def test_max_restarts_must_be_a_whole_number(tmp_path: Path, value: Any) -> None
 
 def test_min_nodes_must_be_a_whole_number(tmp_path: Path) -> None:
     assert "min_nodes=y must be a whole number (0: every node of the job)" in refused(tmp_path, min_nodes="y")
+
+
+def test_a_node_that_does_not_take_the_jobs_files_is_replaced_by_a_spare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
+    supervisor, cluster = faked(tmp_path, monkeypatch, nodes=["n0", "n1", "n2"], spares=["n3", "n4"])
+    first_attempt(supervisor)
+    cluster.down = {"n2"}
+
+    def distribute(nodes: Any, data: bytes, where: Path, pool: ThreadPoolExecutor) -> Failure | None:
+        cluster.given.append((list(nodes), data))
+        if "n1" in nodes:  # n1 answers probes but cannot take files (frozen, its disk full)
+            return Failure("the job's files could not be copied to node n1 (no answer within 300 s)", node="n1")
+        return None
+
+    monkeypatch.setattr(supervisor.mesh, "give", distribute)
+    assert recovery.recover(supervisor, lost("n2"), pool) is True
+    assert supervisor.nodes == ["n0", "n3", "n4"]
+    (record,) = supervisor.restarts
+    assert record["lost"] == ["n1", "n2"] and record["spares_taken"] == ["n3", "n4"]

@@ -100,10 +100,12 @@ def supervisor_check(job_dir: str) -> str:
     """The node command that says ``alive`` while the job's supervisor runs there, else ``dead`` and its
     last words (the last-words file it leaves when it cannot write its status, the end of its log)."""
     where = shlex.quote(job_dir.rstrip("/"))
+    spare = shlex.quote(f"/tmp/ddp-cluster/{job_dir.rstrip('/').rsplit('/', 1)[-1]}.{LAST_WORDS}")
     pattern = shlex.quote(f"[d]dp_cluster[.]supervise .*--job-dir {job_dir.rstrip('/')}$")
     return (
         f"if pgrep -f {pattern} >/dev/null; then echo alive; else echo dead;"
-        f" cat {where}/{LAST_WORDS} 2>/dev/null; echo; tail -n 5 {where}/{SUPERVISOR_LOG} 2>/dev/null; fi"
+        f" cat {where}/{LAST_WORDS} {spare} 2>/dev/null | head -n 3; echo;"
+        f" tail -n 5 {where}/{SUPERVISOR_LOG} 2>/dev/null; fi"
     )
 
 

@@ -54,7 +54,7 @@ from ddp_cluster.job import spec as jobspec
 from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
 from ddp_cluster.job.status import Status
-from ddp_cluster.supervisor import recovery, standby
+from ddp_cluster.supervisor import recovery, stall, standby
 from ddp_cluster.supervisor.failures import (
     TAIL_LINES,
     Failure,
@@ -69,6 +69,7 @@ from ddp_cluster.supervisor.jobs import STOP_REASON
 from ddp_cluster.supervisor.liveness import FANOUT, Watch
 from ddp_cluster.supervisor.recovery import BUNDLE, LAUNCHER_LOG
 from ddp_cluster.supervisor.remote import POOL, Mesh
+from ddp_cluster.supervisor.replicas import MeshTransport, Replicator
 
 STATUS_FILE = status.FILE
 # A file of fixed size made when the supervisor starts, overwritten in place with its last words when it must
@@ -76,6 +77,8 @@ STATUS_FILE = status.FILE
 LAST_WORDS = "last-words"
 LAST_WORDS_SIZE = 4096
 PR_SET_PDEATHSIG = 1
+# Seconds a job's end waits for the checkpoint copies under way (the newest one off this node).
+REPLICAS_WAIT = 120.0
 
 
 class StatusWriteError(DdpClusterError):
@@ -89,21 +92,28 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def last_words_files(job_dir: Path) -> list[Path]:
+    """Where the last words go: the job's directory, and the container's /tmp (a full disk under the job's
+    directory, or a mount over it, leaves that one readable)."""
+    return [job_dir / LAST_WORDS, Path("/tmp/ddp-cluster", f"{job_dir.name}.{LAST_WORDS}")]
+
+
 def last_words(job_dir: Path, text: str = "") -> None:
-    """Make the last-words file (``text`` empty), or overwrite it with ``text``, in place."""
-    path = job_dir / LAST_WORDS
+    """Make the last-words files (``text`` empty), or overwrite them with ``text``, in place."""
     data = text.encode("utf-8", "replace")[: LAST_WORDS_SIZE - 1]
-    try:
-        if not text:
-            path.write_bytes(b" " * LAST_WORDS_SIZE)
-            return
-        descriptor = os.open(path, os.O_WRONLY)
+    for path in last_words_files(job_dir):
         try:
-            os.pwrite(descriptor, data + b"\n" + b" " * (LAST_WORDS_SIZE - len(data) - 1), 0)
-        finally:
-            os.close(descriptor)
-    except OSError:
-        pass
+            if not text:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(b" " * LAST_WORDS_SIZE)
+                continue
+            descriptor = os.open(path, os.O_WRONLY)
+            try:
+                os.pwrite(descriptor, data + b"\n" + b" " * (LAST_WORDS_SIZE - len(data) - 1), 0)
+            finally:
+                os.close(descriptor)
+        except OSError:
+            continue
 
 
 class StatusFile:
@@ -149,6 +159,17 @@ class Supervisor:
         self.progress_at_restart: Any = None
         self.took_over_from = ""  # the first node this supervisor took the job over from, if any
         self._next_ranks_check = 0.0
+        # Rank 0's checkpoints copied off this node (supervisor.replicas), to the job's next nodes.
+        self.replicator = Replicator(
+            self.job_dir,
+            self.replica_nodes(),
+            self.spec.checkpoint_dir,
+            self.spec.id,
+            MeshTransport(self.mesh),
+        )
+
+    def replica_nodes(self) -> list[str]:
+        return [node for node in self.nodes if node != self.me][: self.spec.checkpoint_replicas]
 
     @property
     def me(self) -> str:
@@ -197,6 +218,7 @@ class Supervisor:
     ) -> Failure | None:
         """Wait for the launcher, the time bound, a stop, or a lost node; the failure, or None on success."""
         others = [node for node in self.nodes if node != self.me]
+        watchdog = stall.Watchdog(self.spec.stall_timeout, self.spec.stall_start_timeout, time.time())
         while True:
             returncode = process.poll()
             if self._stop.is_set():  # before the launcher's end: a stop kills ranks on other nodes too
@@ -211,6 +233,7 @@ class Supervisor:
                 while not tree.lost() and tree.suspects() and time.time() < deadline:
                     time.sleep(0.5)
                 if lost := tree.lost() or self.mesh.down_now(others, pool):
+                    self.forget(lost)
                     return lost_nodes(lost, f"{failure.reason} on {failure.node or 'a node'}")
                 return failure
             if time.time() - self.started > self.spec.timeout:
@@ -218,14 +241,40 @@ class Supervisor:
                     f"the job did not finish within job_timeout={self.spec.timeout:g} s", restartable=False
                 )
             if lost := tree.lost():
+                self.forget(lost)
                 return lost_nodes(lost)
-            self.status.write(progress=self.progress())
+            if stalled := self.stalled(watchdog, tree):
+                return stalled
+            for copy in self.replicator.poll():
+                if copy.get("error"):
+                    print(
+                        f"checkpoint copy to {copy.get('place')}: {copy['error']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            self.status.write(progress=self.progress(), replicas=self.replicator.state())
             recovery.note_training_again(self)
             if not self.status.status.ranks_running and time.time() >= self._next_ranks_check:
                 self._next_ranks_check = time.time() + 1.0
                 if self.ranks_running(pool):
                     self.status.write(ranks_running=True)
             time.sleep(self.spec.poll)
+
+    def forget(self, lost: Sequence[str]) -> None:
+        for node in lost:
+            self.replicator.forget(node)
+
+    def stalled(self, watchdog: stall.Watchdog, tree: Watch) -> Failure | None:
+        """The progress watchdog: on a stall, every rank's stacks kept and the ranks outside a collective
+        named (the failure's cause STALL: a restart may cure it)."""
+        if self.spec.stall_timeout <= 0:
+            return None
+        reason = watchdog.check(time.time(), tree.activity_age())
+        if reason is None:
+            return None
+        captured = stall.capture(self.mesh.run, self.nodes, str(self.job_dir))
+        self.status.write(stalled=captured)
+        return Failure(f"the job stalled: {reason}; {stall.summary(captured)}", cause=stall.STALL)
 
     def run(self) -> int:
         """The job from its start (this is its first node): every node gets its files, then the attempts."""
@@ -281,6 +330,7 @@ class Supervisor:
                     self.keep_copies(failure)
                     self.report(failure, None, self.mesh.leftover(survivors, self.tag, pool))
                     return 1
+                self.replicator.retarget(self.replica_nodes())
                 self.restarts[-1]["supervisor_moved"] = f"{first} -> {self.me}"
                 self.status.write(restarts=self.restarts)
                 return self.attempts(pool)
@@ -307,7 +357,10 @@ class Supervisor:
                 failure = self.watch(process, pool, tree)
                 if failure is None:
                     tree.stop()
-                    self.status.write(state="succeeded", rc=0, progress=self.progress())
+                    self.replicator.finish(timeout=REPLICAS_WAIT)
+                    self.status.write(
+                        state="succeeded", rc=0, progress=self.progress(), replicas=self.replicator.state()
+                    )
                     recovery.record_restarts_in_summary(self)
                     return 0
                 if self.superseded(pool):
@@ -315,7 +368,10 @@ class Supervisor:
                 self.stop_everything(process, pool, failure.lost)  # the ranks first, then the watch
             finally:
                 tree.stop()
-            if not recovery.recover(self, failure, pool):
+            if recovery.recover(self, failure, pool):
+                self.replicator.retarget(self.replica_nodes())
+            else:
+                self.replicator.finish(timeout=REPLICAS_WAIT)
                 answering = [node for node in self.nodes if node not in failure.lost]
                 self.report(failure, process.returncode, self.mesh.leftover(answering, self.tag, pool))
                 return 1

@@ -25,6 +25,7 @@ from ddp_cluster.job import spec as jobspec
 from ddp_cluster.runtime.checkpoint_names import FOLDER, NAME
 from ddp_cluster.supervisor import failures
 from ddp_cluster.supervisor.failures import Failure, read_text
+from ddp_cluster.supervisor.replicas import newest_verified
 
 if TYPE_CHECKING:
     from ddp_cluster.supervisor.loop import Supervisor
@@ -100,42 +101,63 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
     if leftover := mesh.leftover(healthy, supervisor.tag, pool):
         failure.reason += f"; not restarted: processes of the job outlived the stop on {', '.join(leftover)}"
         return False
-    taken: list[str] = []
-    for node in spec.spares:
-        if len(healthy) + len(taken) >= supervisor.wanted:
-            break
-        if node not in supervisor.nodes and node not in lost_before and spare_free(supervisor, node):
-            taken.append(node)
-    nodes = healthy + taken
-    fewest = spec.min_nodes or supervisor.wanted
-    if len(nodes) < fewest:
-        failure.reason += (
-            f"; not restarted: {len(nodes)} node(s) left ({', '.join(nodes)}), fewer than"
-            f" min_nodes={fewest}, and no spare up and free"
-            + (f" among {', '.join(spec.spares)}" if spec.spares else " (the inventory has none)")
-        )
-        return False
     number = done + 1
     last_step = step_of(supervisor.progress())
-    archive_attempt(supervisor, number - 1, [node for node in supervisor.nodes if node not in down], pool)
+    skipped: list[str] = []  # newer copies that fail their checksum: renamed aside, the next older taken
+    newest_verified(supervisor.job_dir, spec.checkpoint_dir, spec.id, skipped)
     checkpoint, resume_step = newest_checkpoint(supervisor.job_dir / "output")
-    supervisor.spec = replace(
-        spec,
-        nodes=tuple(nodes),
-        spares=tuple(node for node in spec.spares if node not in nodes),
-        restart=number,
-        resume=spec.kind == "train" and not spec.script,
-        resume_from=f"{spec.job_dir}/output/{FOLDER}/{checkpoint}" if checkpoint else "",
-    )
-    supervisor.nodes = list(nodes)
-    supervisor.launcher = supervisor.spec.launch_argv()
-    update = write_plan_files(supervisor)
-    job_dir = supervisor.job_dir
-    error = mesh.give(taken, (job_dir / BUNDLE).read_bytes(), job_dir, pool) if taken else None
-    error = error or mesh.give([node for node in nodes if node != supervisor.me], update, job_dir, pool)
-    if error is not None:
-        failure.reason += f"; not restarted: {error.reason}"
-        return False
+    archived = False
+    # A node that does not take the job's files (it froze, its disk is full) is replaced by a spare too.
+    taken: list[str] = []
+    refused: list[str] = []
+    while True:
+        taken = [node for node in taken if node not in refused]
+        healthy = [node for node in healthy if node not in refused]
+        for node in spec.spares:
+            if len(healthy) + len(taken) >= supervisor.wanted:
+                break
+            if (
+                node not in supervisor.nodes
+                and node not in lost_before
+                and node not in taken
+                and node not in refused
+                and spare_free(supervisor, node)
+            ):
+                taken.append(node)
+        nodes = healthy + taken
+        fewest = spec.min_nodes or supervisor.wanted
+        if len(nodes) < fewest or supervisor.me not in nodes:
+            failure.reason += (
+                f"; not restarted: {len(nodes)} node(s) left ({', '.join(nodes)}), fewer than"
+                f" min_nodes={fewest}, and no spare up and free"
+                + (f" among {', '.join(spec.spares)}" if spec.spares else " (the inventory has none)")
+                + (f" (did not take the job's files: {', '.join(refused)})" if refused else "")
+            )
+            return False
+        if not archived:
+            archive_attempt(supervisor, number - 1, healthy, pool)
+            archived = True
+        supervisor.spec = replace(
+            spec,
+            nodes=tuple(nodes),
+            spares=tuple(node for node in spec.spares if node not in nodes),
+            restart=number,
+            resume=spec.kind == "train" and not spec.script,
+            resume_from=f"{spec.job_dir}/output/{FOLDER}/{checkpoint}" if checkpoint else "",
+        )
+        supervisor.nodes = list(nodes)
+        supervisor.launcher = supervisor.spec.launch_argv()
+        update = write_plan_files(supervisor)
+        job_dir = supervisor.job_dir
+        error = mesh.give(taken, supervisor.files_for_others(), job_dir, pool) if taken else None
+        error = error or mesh.give([node for node in nodes if node != supervisor.me], update, job_dir, pool)
+        if error is None:
+            break
+        if not error.node or error.node == supervisor.me or error.node in refused:
+            failure.reason += f"; not restarted: {error.reason}"
+            return False
+        refused.append(error.node)
+        down.add(error.node)
     record = {
         "restart": number,
         "cause": cause,
@@ -150,6 +172,7 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
         "resume_step": resume_step,
         "last_step": last_step,
         "steps_redone": max(0, last_step - resume_step) if last_step is not None else None,
+        "checkpoints_skipped": skipped,
     }
     supervisor.restarts.append(record)
     supervisor.progress_at_restart = supervisor.progress()

@@ -1,0 +1,157 @@
+"""A multi-day job survives the faults that used to end it (local inventory, 3 nodes: node2 is the spare of a
+2-node job): the first node killed (its standby takes the job over on node1 and the spare, or without
+max_restarts ends it cleanly keeping the checkpoint copies for a resume), a node frozen (declared lost within
+liveness_timeout, the job finished on the spare) and the supervisor killed (the controller names it within
+seconds and no rank is left).
+
+Named to run after test_train_lifecycle.py, whose fixture and helpers it shares."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from conftest import REPO, STATE_DIR, docker, node_exec
+from test_train_lifecycle import (  # noqa: F401 (three: the fixture)
+    LONG,
+    finish,
+    job_id,
+    playbook,
+    processes,
+    start,
+    status_of,
+    step_of,
+    three,
+    wait_for,
+)
+
+RUNS = REPO / "runs"
+
+
+def status_on(node: str, job: str) -> dict[str, object]:
+    try:
+        return dict(json.loads((STATE_DIR / node / "workspace" / "jobs" / job / "status.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def replicated(job: str) -> bool:
+    """node1 holds a copy of a checkpoint of rank 0 (node0)."""
+    folder = STATE_DIR / "node1" / "workspace" / "jobs" / job / "output" / "checkpoints"
+    return folder.is_dir() and any(path.name.endswith(".ckpt") for path in folder.iterdir())
+
+
+def test_the_first_node_killed_its_standby_takes_the_job_over_on_the_spare(three: None) -> None:
+    reference = job_id("trust-undisturbed")
+    undisturbed = playbook("train.yml", job_id=reference, nodes=2, script_args=LONG)
+    assert undisturbed.rc == 0, undisturbed.stdout[-4000:]
+    expected = json.loads((RUNS / reference / "summary.json").read_text())["accuracy"]
+
+    job = job_id("takeover")
+    proc = start(job, LONG, "-e", "max_restarts=1")
+    try:
+        wait_for("step 1000", lambda: step_of(job) > 1000)
+        wait_for("a checkpoint copy on node1", lambda: replicated(job), 60)
+        docker("kill", "node0")
+        killed = time.time()
+        output = finish(proc, 360)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-6000:]
+    assert f"job {job}: the first node node0 is gone; following the job to its standby node1" in output
+    assert f"job {job}: followed to node1, which took the job over" in output
+    status = json.loads((RUNS / job / "status.json").read_text())
+    assert status["supervisor_node"] == "node1" and status["state"] == "succeeded"
+    [restart] = status["restarts"]
+    assert restart["lost"] == ["node0"] and restart["spares_taken"] == ["node2"], restart
+    assert restart["nodes_after"] == ["node1", "node2"] and restart["supervisor_moved"] == "node0 -> node1"
+    again = float(restart["lost_at"]) + float(restart["training_again_s"]) - killed
+    assert again < 60 + 30, f"training again {again:.0f} s after node0 was killed"
+    print(f"training again {again:.1f} s after the kill; {restart['steps_redone']} step(s) redone")
+    assert 0 <= restart["steps_redone"] <= 50, restart
+    summary = json.loads((RUNS / job / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert abs(summary["accuracy"] - expected) <= 0.02, (summary["accuracy"], expected)
+    assert processes("node1", job) == "" and processes("node2", job) == ""
+
+
+def test_the_first_node_killed_without_restarts_ends_cleanly_and_resumes_from_the_copy(three: None) -> None:
+    job = job_id("firstlost")
+    proc = start(job, LONG)
+    try:
+        wait_for("step 1000", lambda: step_of(job) > 1000)
+        wait_for("a checkpoint copy on node1", lambda: replicated(job), 60)
+        docker("kill", "node0")
+        killed = time.monotonic()
+        wait_for("every rank on node1 stopped", lambda: processes("node1", job) == "", 60)
+        stopped = time.monotonic() - killed
+        output = finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode not in (0, None)
+    assert "node node0, the job's first node (its supervisor and rank 0), stopped answering" in output, output[
+        -4000:
+    ]
+    assert f"train.yml -e resume=true -e resume_from={job}" in output
+    print(f"node1's ranks stopped {stopped:.0f} s after node0 was killed")
+    assert stopped < 60
+    assert any((RUNS / job / "checkpoints").glob("*.ckpt")), "the checkpoint copies did not come back"
+
+    back = playbook("site.yml")
+    assert back.rc == 0, back.stdout[-4000:]
+    resumed = job_id("fromcopy")
+    result = playbook("train.yml", job_id=resumed, nodes=2, resume=True, resume_from=job, script_args=LONG)
+    assert result.rc == 0, result.stdout[-4000:]
+    assert json.loads((RUNS / resumed / "summary.json").read_text())["world_size"] == 2
+
+
+def test_a_frozen_node_is_lost_within_the_liveness_timeout_and_the_job_finishes_on_the_spare(three: None) -> None:
+    job = job_id("frozen")
+    proc = start(job, LONG, "-e", "max_restarts=1", "-e", "liveness_timeout=20")
+    try:
+        wait_for("step 1000", lambda: step_of(job) > 1000)
+        docker("pause", "node1")
+        frozen = time.time()
+        wait_for("the restart", lambda: len(status_of(job).get("restarts") or []) == 1, 120)  # type: ignore[arg-type]
+        declared = time.time() - frozen
+        output = finish(proc, 300)
+    finally:
+        docker("unpause", "node1", check=False)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"node1 declared lost {declared:.0f} s after it froze")
+    assert declared < 60
+    assert proc.returncode == 0, output[-6000:]
+    [restart] = json.loads((RUNS / job / "status.json").read_text())["restarts"]
+    assert restart["lost"] == ["node1"] and restart["spares_taken"] == ["node2"], restart
+    # thawed, node1 finds its parent gone and stops its own ranks
+    wait_for("node1's ranks stopped after the thaw", lambda: processes("node1", job) == "", 60)
+
+
+def test_a_killed_supervisor_fails_the_job_within_seconds_and_leaves_no_rank(three: None) -> None:
+    job = job_id("nosupervisor")
+    proc = start(job, LONG)
+    try:
+        wait_for("step 200", lambda: step_of(job) > 200)
+        node_exec("node0", f"pkill -KILL -f 'ddp_cluster[.]supervise --job-dir /workspace/jobs/{job}$'")
+        killed = time.monotonic()
+        said = ""
+        while time.monotonic() - killed < 60 and "the job's supervisor" not in said:
+            assert proc.stdout is not None
+            said += proc.stdout.readline()
+        named = time.monotonic() - killed
+        wait_for("no rank left", lambda: processes("node0", job) == "" and processes("node1", job) == "", 30)
+        gone = time.monotonic() - killed
+        output = said + finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"supervisor named {named:.1f} s after the kill; no rank left {gone:.1f} s after it")
+    assert proc.returncode not in (0, None)
+    assert "the job's supervisor (pid" in output and "on node0) died" in output, output[-4000:]
+    assert named < 20 and gone < named + 10 + 5
+    assert json.loads((RUNS / job / "status.json").read_text())["state"] == "failed"
