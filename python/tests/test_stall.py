@@ -56,7 +56,7 @@ def test_after_the_first_progress_a_silence_longer_than_stall_timeout_is_a_stall
     assert dog.check(STARTED + 10, 0) is None  # a first line of output: the watch is armed
     assert dog.check(STARTED + 70, 60) is None
     reason = dog.check(STARTED + 72, 62)
-    assert reason is not None and reason.startswith("no progress for 62 s (stall_timeout=60): ")
+    assert reason is not None and reason.startswith("no progress for 62 s (stall_timeout=60: no rank printed")
     # Within the start allowance too: the allowance covers the wait for the first progress only.
     assert STARTED + 72 < STARTED + 600
 
@@ -92,9 +92,9 @@ def test_a_restart_has_its_own_start_allowance() -> None:
 
 
 def test_a_stall_is_restartable_and_named_and_a_stop_is_not() -> None:
-    reason = "no progress for 62 s (stall_timeout=60): ..."
-    cause = restart_cause(Failure(reason, cause=STALL), [])
-    assert cause is not None and cause.startswith("the job stalled: no progress for 62 s")
+    reason = "the job stalled: no progress for 62 s (stall_timeout=60: ...); not in a collective: rank 1"
+    assert restart_cause(Failure(reason, cause=STALL), []) == reason
+    assert restart_cause(Failure("no progress", cause=STALL), []) == "the job stalled: no progress"
     assert restart_cause(Failure(reason, cause=STALL, restartable=False), []) is None
     assert restart_cause(Failure(reason), []) is None  # the cause is the field, not the words
 

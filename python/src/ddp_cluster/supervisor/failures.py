@@ -88,7 +88,7 @@ def restart_cause(failure: Failure, logs: Sequence[str]) -> str | None:
     if not failure.restartable:
         return None
     if failure.cause == STALL:
-        return f"the job stalled: {failure.reason}"
+        return failure.reason if "stall" in failure.reason else f"the job stalled: {failure.reason}"
     if failure.lost:
         return f"node {', '.join(failure.lost)} stopped answering"
     if failure.signal is not None:

@@ -40,6 +40,7 @@ STACKS_DIR = "stacks"
 DUMP_LIMIT = 256 * 1024  # bytes of a rank's newest dump brought back (the main thread is dumped last)
 CAPTURE_POOL = 32  # nodes asked at a time
 PY_SPY_TIMEOUT = 10
+NO_SIGN = "no rank printed a line, recorded a step or called ddp_cluster.heartbeat()"
 NO_DUMP = "no stack dump (the process did not answer SIGUSR2: stuck in the kernel, on a file or a device?)"
 # A frame from one of these files means the thread waits in (or runs) a collective: DDP's backward waits for
 # the gradients' all-reduce inside autograd.
@@ -80,17 +81,13 @@ class Watchdog:
             if waited <= self.start_timeout:
                 return None
             return (
-                f"no progress within {waited:.0f} s of the start"
-                f" (stall_start_timeout={self.start_timeout:g}): no rank wrote a line to its log, recorded a"
-                " step or called ddp_cluster.heartbeat()"
+                f"no progress within {waited:.0f} s of the start (stall_start_timeout={self.start_timeout:g}:"
+                f" {NO_SIGN})"
             )
         silent = now - self.last
         if silent <= self.stall_timeout:
             return None
-        return (
-            f"no progress for {silent:.0f} s (stall_timeout={self.stall_timeout:g}): no rank wrote a line to"
-            " its log, recorded a step or called ddp_cluster.heartbeat() since"
-        )
+        return f"no progress for {silent:.0f} s (stall_timeout={self.stall_timeout:g}: {NO_SIGN})"
 
 
 # --- the stacks -------------------------------------------------------------------------------------------
