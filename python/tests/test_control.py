@@ -38,12 +38,15 @@ class FakeNode:
         self.put_files: list[str] = []
         self.closed = 0
         self.on_command: Callable[[str], None] = lambda command: None
+        self.claims: list[dict[str, Any]] = [{"claimed": True}]  # the answers to the claim of the nodes
 
     def run(self, command: str) -> Done:
         self.commands.append(command)
         self.on_command(command)
         if self.down:
             raise Unreachable("ssh: connect to host server0 port 22: No route to host")
+        if " --claim " in command:
+            return Done(0, json.dumps(self.claims.pop(0) if len(self.claims) > 1 else self.claims[0]) + "\n")
         if command.startswith("cat "):
             found = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
             return Done(0, found.dumps()) if found else Done(1)
@@ -117,7 +120,7 @@ def test_a_job_is_started_followed_and_its_last_status_written(tmp_path: Path, i
     )
     assert result["changed"] is True and result["state"] == "succeeded"
     assert node.put_files == [plan(tmp_path)["bundle"], "/runs/J0/output/checkpoints/epoch-00001.ckpt"]
-    start = node.commands[0]
+    start = next(command for command in node.commands if "ddp_cluster.supervise " in command)
     assert "tar -xzf /srv/ddp/node0/jobs/J1/job.tar.gz -C /srv/ddp/node0/jobs/J1" in start
     assert (
         "cp /tmp/ansible-tmp/epoch-00001.ckpt /srv/ddp/node0/jobs/J1/output/checkpoints/epoch-00001.ckpt"
@@ -307,7 +310,11 @@ def test_the_start_puts_the_files_in_place_and_starts_the_supervisor_in_the_cont
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     docker = bin_dir / "docker"
-    docker.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/docker-args\n')
+    docker.write_text(
+        "#!/bin/sh\n"  # the claim of the nodes is answered; the supervisor's start recorded
+        'case "$*" in *" --claim "*) echo \'{"claimed": true}\'; exit 0;; esac\n'
+        f'printf "%s\\n" "$@" > {tmp_path}/docker-args\n'
+    )
     docker.chmod(docker.stat().st_mode | stat.S_IXUSR)
     host_dir = tmp_path / "srv" / "jobs" / "J1"
     job = plan(
@@ -440,3 +447,26 @@ def test_the_supervisor_check_says_alive_or_dead_with_its_last_words(tmp_path: P
     assert out.startswith("dead\n")
     assert control.last_words_of(out) == "status.json could not be written / line 1 / Traceback: boom"
     assert control.last_words_of("dead\n") == "it said nothing (killed, or it crashed at start)"
+
+
+REFUSED = {"claimed": False, "node": "node1", "job": "J0", "nodes": ["node0", "node1"]}
+
+
+def test_a_node_another_job_claimed_refuses_the_start_naming_it(tmp_path: Path, interrupt: Path) -> None:
+    node = FakeNode([None])
+    node.claims = [REFUSED]
+    result, _ = follow(tmp_path, node, interrupt, nodes=["node0", "node1"])
+    assert result["failed"] and "node1 runs another job: job J0 (nodes node0, node1)" in result["msg"]
+    assert not any("ddp_cluster.supervise " in command for command in node.commands), "it started"
+    assert node.put_files == []
+
+
+def test_with_wait_for_nodes_the_claim_is_taken_again_until_the_nodes_are_free(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([None, DONE])
+    node.claims = [REFUSED, REFUSED, {"claimed": True}]
+    result, said = follow(tmp_path, node, interrupt, nodes=["node0", "node1"], wait_for_nodes=True)
+    assert result["state"] == "succeeded"
+    assert said[0] == "job J1: waiting: node1 runs another job: job J0 (nodes node0, node1)"
+    assert sum(" --claim " in command for command in node.commands) == 3

@@ -134,6 +134,9 @@ class Cluster:
             return ""
         if command.startswith("pgrep -a"):
             return self.leftover.get(node, "")
+        if " --claim " in command and " --here" in command:  # a spare claimed for the job
+            refused = {"claimed": False, "job": "j0", "nodes": [node]}
+            return json.dumps(refused if node in self.busy else {"claimed": True}) + "\n"
         if "ddp_cluster.supervisor.jobs --jobs-dir" in command:  # which jobs run there
             return json.dumps({"busy": ["j0"] if node in self.busy else []}) + "\n"
         if command.startswith("tail -n") and node in self.tails:
@@ -398,7 +401,9 @@ def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
     assert (job_dir / ATTEMPTS / "0" / "logs" / "1" / "rank.0" / "stdout").read_text() == "epoch 3\n"
     assert (job_dir / "logs").is_dir() and not any((job_dir / "logs").iterdir())
     assert not (job_dir / LAUNCHER_LOG).exists()
-    assert cluster.asked("n1") == [] and len(cluster.asked("n2")) == 1
+    # the spare is asked which jobs it runs, then claimed for this one
+    assert cluster.asked("n1") == [] and len(cluster.asked("n2")) == 2
+    assert cluster.asked("n2")[1].endswith("--claim j1 --here")
     # the record, in the supervisor and its status
     (record,) = supervisor.restarts
     assert {key: record[key] for key in record if key not in ("lost_at", "restarted_at")} == {

@@ -60,6 +60,8 @@ QUIET = 6.0
 # over and write its first status.
 TAKEOVER_WAIT = 90.0
 SUPERVISOR_LOG = "supervisor.log"
+# Seconds between two claims of nodes another job holds, with wait_for_nodes.
+CLAIM_POLL = 5.0
 LAST_WORDS = "last-words"
 
 
@@ -277,9 +279,41 @@ class JobControl:
             final = final.update(state="failed", reason=final.reason or "the supervisor did not end the job")
         return final
 
+    def claim(self) -> str:
+        """Claim every node of the job, all or nothing (the first node's container asks each over the mesh);
+        with wait_for_nodes, again every CLAIM_POLL seconds within the job's bound while another job holds
+        one, so that waiters start one at a time. '' or why not."""
+        jobs = node_jobs.jobs_dir(str(self.plan["job_dir"]))
+        nodes = [str(node) for node in self.plan.get("nodes") or [self.node]]
+        command = in_container(
+            self.node, node_jobs.claim_command(jobs, str(self.plan["id"]), nodes), shell="/bin/bash"
+        )
+        deadline = self.clock() + float(self.plan["timeout"])
+        said = ""
+        while True:
+            done = self.transport.run(command)
+            claimed, why = node_jobs.parse_claim(done.stdout)
+            if claimed:
+                return ""
+            if (
+                not self.plan.get("wait_for_nodes")
+                or self.clock() >= deadline
+                or "runs another job" not in why
+            ):
+                return why
+            if why != said:
+                self.say(f"{self.label}: waiting: {why.split('. One job', 1)[0]}")
+                said = why
+            if self.interrupt.exists():
+                return "interrupted (Ctrl-C) while waiting for the nodes"
+            self.sleep(CLAIM_POLL)
+
     def start(self) -> str:
-        """Put the job's files on the node and start its supervisor; '' or what went wrong."""
+        """Claim the nodes, put the job's files on the first and start its supervisor; '' or what went
+        wrong."""
         try:
+            if refused := self.claim():
+                return refused
             bundle = self.transport.put(str(self.plan["bundle"]))
             checkpoint = self.plan.get("resume_checkpoint") or ""
             put = self.transport.put(str(checkpoint)) if checkpoint else ""

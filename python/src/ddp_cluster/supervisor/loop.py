@@ -54,6 +54,7 @@ from ddp_cluster.job import spec as jobspec
 from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
 from ddp_cluster.job.status import Status
+from ddp_cluster.supervisor import jobs as node_claims
 from ddp_cluster.supervisor import recovery, stall, standby
 from ddp_cluster.supervisor.failures import (
     TAIL_LINES,
@@ -260,6 +261,21 @@ class Supervisor:
                     self.status.write(ranks_running=True)
             time.sleep(self.spec.poll)
 
+    def renew_claims(self, pool: ThreadPoolExecutor) -> list[str]:
+        """The job's claim on each of its nodes, taken again before a launch (its grace starts anew); the
+        nodes another job took meanwhile."""
+        jobs_dir = node_jobs.jobs_dir(str(self.job_dir))
+        refused = node_claims.renew_all(self.mesh, self.nodes, self.spec.id, jobs_dir, pool)
+        return sorted(node for node, answer in refused.items() if answer.get("job"))
+
+    def release_claims(self) -> None:
+        """The job's claims released on every node it ran on (a node that does not answer: stale later)."""
+        ran_on = list(dict.fromkeys([*self.status.status.ran_on, *self.nodes]))
+        with contextlib.suppress(Exception), self.pool() as pool:
+            node_claims.release_all(
+                self.mesh, ran_on, self.spec.id, node_jobs.jobs_dir(str(self.job_dir)), pool
+            )
+
     def forget(self, lost: Sequence[str]) -> None:
         for node in lost:
             self.replicator.forget(node)
@@ -301,6 +317,8 @@ class Supervisor:
                 return self.attempts(pool)
         except StatusWriteError as error:
             return self.cannot_write(error)
+        finally:
+            self.release_claims()
 
     def take_over(self, first: str) -> int:
         """The job, taken over on this node (its standby) after its first node ``first`` was lost: what is
@@ -336,6 +354,8 @@ class Supervisor:
                 return self.attempts(pool)
         except StatusWriteError as error:
             return self.cannot_write(error)
+        finally:
+            self.release_claims()
 
     def keep_copies(self, failure: Failure) -> None:
         """A job that ends after its first node was lost: say where the checkpoint copies are kept."""
@@ -350,6 +370,10 @@ class Supervisor:
     def attempts(self, pool: ThreadPoolExecutor) -> int:
         """Launch, watch, and restart while a restart may cure the failure; the supervisor's exit status."""
         while True:
+            if taken := self.renew_claims(pool):
+                said = f"another job claimed {', '.join(taken)} before the launch (this job's claim went stale)"
+                self.report(Failure(said, restartable=False), None, {})
+                return 1
             process = self.launch()
             self.ensure_standby()
             tree = self.tree()

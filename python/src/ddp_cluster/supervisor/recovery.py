@@ -25,6 +25,7 @@ from ddp_cluster.job import spec as jobspec
 from ddp_cluster.runtime.checkpoint_names import FOLDER, NAME
 from ddp_cluster.supervisor import failures
 from ddp_cluster.supervisor.failures import Failure, read_text
+from ddp_cluster.supervisor.jobs import claim_one
 from ddp_cluster.supervisor.replicas import newest_verified
 
 if TYPE_CHECKING:
@@ -189,10 +190,14 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
 
 
 def spare_free(supervisor: Supervisor, node: str) -> bool:
-    """A spare is a node that answers and runs no job (the node's own answer: ddp_cluster.supervisor.jobs)."""
+    """A spare is a node that answers, runs no job (the node's own answer: ddp_cluster.supervisor.jobs) and
+    is claimed for this job."""
     if supervisor.mesh.probe(node) != "up":
         return False
-    return supervisor.mesh.jobs_on(node, str(Path(supervisor.spec.job_dir).parent)) == []
+    jobs_dir = str(Path(supervisor.spec.job_dir).parent)
+    if supervisor.mesh.jobs_on(node, jobs_dir) != []:
+        return False
+    return bool(claim_one(supervisor.mesh, node, supervisor.spec.id, jobs_dir).get("claimed"))
 
 
 def archive_attempt(
