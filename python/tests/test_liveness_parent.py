@@ -6,6 +6,7 @@ whose session a blip broke leaves the job to the newer watcher its parent starte
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ddp_cluster.supervisor import liveness
-from ddp_cluster.supervisor.liveness import ParentLink, main, parent_record, sweep_node
+from ddp_cluster.supervisor.liveness import ParentLink, Watch, main, parent_record, sweep_node
 
 EVERY, TIMEOUT = 0.05, 0.5
 TAG = "[/]workspace/jobs/20261126-test/"
@@ -155,11 +156,12 @@ def test_a_sweep_that_found_processes_kills_what_is_left_after_a_grace() -> None
         calls.append(argv)
         return 0
 
-    sweep_node(TAG, pkill, grace=3.0, sleep=slept.append)
-    assert calls == [TERM, ["pkill", "-KILL", "-f", "--", TAG]] and slept == [3.0]
+    sweep_node(TAG, pkill, grace=3.0, sleep=slept.append)  # what TERM reached is still there after 3 s
+    assert calls[0] == TERM and calls[-1] == ["pkill", "-KILL", "-f", "--", TAG]
+    assert sum(slept) == pytest.approx(3.0) and calls.count(["pgrep", "-f", "--", TAG]) == len(slept)
     calls.clear()
     sweep_node(TAG, pkill, grace=3.0, sleep=slept.append, proceed=lambda: False)  # a newer watcher meanwhile
-    assert calls == [TERM]
+    assert "-KILL" not in calls[-1]
 
 
 def test_a_watcher_whose_session_a_blip_broke_leaves_the_job_to_the_newer_one() -> None:
@@ -259,3 +261,40 @@ def test_the_watcher_as_its_parent_starts_it(tmp_path: Path) -> None:
     watcher.stdin.write("ping\nend\n")
     watcher.stdin.flush()
     assert watcher.wait(timeout=10) == 0
+
+
+def local(node: str, argv: list[str]) -> subprocess.Popen[str]:
+    """ssh's stand-in that runs the remote command here, through a shell as sshd does."""
+    command = argv[-1].replace("python", shlex.quote(sys.executable), 1)
+    return subprocess.Popen(
+        ["sh", "-c", command],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("end", [True, False])
+def test_the_sweep_stops_the_jobs_processes_and_not_the_watchers(tmp_path: Path, end: bool) -> None:
+    # Real processes and the real pkill: a "rank" whose command line holds the job's folder, the watcher
+    # started as its parent starts it (through a shell), the sweep after "end" at once, after a killed
+    # parent's session closed without it at the end of the reconnect window.
+    job = tmp_path / "jobs" / "20261126-sweep"
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"{job}/train.py"])
+    tree = Watch(
+        ["node0", "node1"], 0, 1, EVERY, 1, spawn=local, timeout=TIMEOUT, job_dir=job, tag=f"{job}/"
+    ).start()
+    try:
+        time.sleep(1.0)  # its watcher up (a python start)
+        assert tree.lost() == [] and rank.poll() is None
+        started = time.monotonic()
+        tree.close(end=end)
+        assert rank.wait(timeout=10) == -15  # TERM
+        took = time.monotonic() - started
+        assert took < 1.0 if end else TIMEOUT - 0.1 < took < TIMEOUT + 1.5
+        tree.stop(within=10, end=end)  # the watcher waits its grace, finds nothing left to KILL, ends
+        sessions = [state.session for state in tree._children.values() if state.session is not None]
+        assert sessions and all(session.wait(timeout=10) == 0 for session in sessions)  # not stopped by it
+    finally:
+        rank.kill()

@@ -17,10 +17,12 @@ backed off through the blip) until it answers or its time is up.
 
 **The parent says it is alive**: it writes ``ping`` to each child's session every ``every`` seconds, and
 ``end`` when it stops watching. A remote watcher given ``--tag`` stops the job's processes on its own node
-(``pkill -TERM -f`` on the tag's pattern, :data:`SWEEP_GRACE` seconds, then ``-KILL``) and tells its own
-children to do the same, when its parent is gone:
+(``pkill -TERM -f`` on the tag's pattern, up to :data:`SWEEP_GRACE` seconds for them to end, then ``-KILL``)
+and tells its own children to do the same, when its parent is gone:
 
-- ``end`` received: the attempt ended (or this node was given up); the ranks are usually gone already.
+- ``end`` received: the attempt ended; the ranks are usually gone already. (A child found lost is not told
+  ``end``: should it come back, it waits like the next case, so that a supervisor that was frozen and whose
+  job was taken over cannot stop the new attempt's ranks.)
 - no ping on any session to this node for ``timeout`` seconds: a frozen or killed parent node, whose TCP
   session stays half-open.
 - its session closed without ``end`` (the parent process was killed) and no other session to this node
@@ -606,13 +608,17 @@ def sweep_node(
     sleep: Callable[[float], None] = time.sleep,
     proceed: Callable[[], bool] = lambda: True,
 ) -> None:
-    """Stop this node's processes whose command lines match ``pattern``: TERM, a grace when something was
-    there, then KILL of what is left, unless ``proceed`` says no by then (a newer watcher of the job pings
-    here: the job was restarted, and what matches now may be its new ranks)."""
+    """Stop this node's processes whose command lines match ``pattern``: TERM, up to ``grace`` seconds for
+    them to end, then KILL of what is left, unless ``proceed`` says no by then (a newer watcher of the job
+    pings here: the job was restarted, and what matches now may be its new ranks)."""
     run = run or _run
     if run(["pkill", "-TERM", "-f", "--", pattern]) != 0:  # 1: nothing matched
         return
-    sleep(grace)
+    step = 0.2
+    for _ in range(max(1, round(grace / step))):
+        sleep(step)
+        if run(["pgrep", "-f", "--", pattern]) != 0:  # all gone: no need to wait out the grace
+            return
     if proceed():
         run(["pkill", "-KILL", "-f", "--", pattern])
 
