@@ -159,6 +159,7 @@ class Supervisor:
         self.interrupted = ""  # the reason of a stop asked from the controller
         self.progress_at_restart: Any = None
         self.took_over_from = ""  # the first node this supervisor took the job over from, if any
+        self.outlived = False  # another node took this job over while this one was cut off
         self._next_ranks_check = 0.0
         # Rank 0's checkpoints copied off this node (supervisor.replicas), to the job's next nodes.
         self.replicator = Replicator(
@@ -269,7 +270,10 @@ class Supervisor:
         return sorted(node for node, answer in refused.items() if answer.get("job"))
 
     def release_claims(self) -> None:
-        """The job's claims released on every node it ran on (a node that does not answer: stale later)."""
+        """The job's claims released on every node it ran on (a node that does not answer: stale later);
+        not by a supervisor another node took the job over from (the claims are the new supervisor's)."""
+        if self.outlived:
+            return
         ran_on = list(dict.fromkeys([*self.status.status.ran_on, *self.nodes]))
         with contextlib.suppress(Exception), self.pool() as pool:
             node_claims.release_all(
@@ -371,12 +375,15 @@ class Supervisor:
         """Launch, watch, and restart while a restart may cure the failure; the supervisor's exit status."""
         while True:
             if taken := self.renew_claims(pool):
-                said = f"another job claimed {', '.join(taken)} before the launch (this job's claim went stale)"
+                said = f"another job claimed {', '.join(taken)} before the launch (its claim lapsed)"
                 self.report(Failure(said, restartable=False), None, {})
                 return 1
+            # The watch first: each node's new watcher pings before this attempt's ranks exist there, so that
+            # a watcher left from the last attempt stands down instead of sweeping them.
+            tree = self.tree()
             process = self.launch()
             self.ensure_standby()
-            tree = self.tree()
+            ending = True  # tell the watchers the attempt ended (they sweep their node)
             try:
                 failure = self.watch(process, pool, tree)
                 if failure is None:
@@ -388,10 +395,12 @@ class Supervisor:
                     recovery.record_restarts_in_summary(self)
                     return 0
                 if self.superseded(pool):
-                    return 1  # another node took the job over while this one was cut off: touch nothing
+                    self.outlived = True
+                    ending = False  # another node took the job over while this one was cut off: touch nothing
+                    return 1
                 self.stop_everything(process, pool, failure.lost)  # the ranks first, then the watch
             finally:
-                tree.stop()
+                tree.stop(end=ending)
             if recovery.recover(self, failure, pool):
                 self.replicator.retarget(self.replica_nodes())
             else:
