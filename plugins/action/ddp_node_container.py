@@ -8,7 +8,7 @@ not answer in time or is not configured as the cluster needs (port, password and
 off, root by key only), and writes the record only when its content differs. Check mode writes nothing. The
 probe's lines are read by ddp_cluster.server.node, the module's own code. ``jobs.dir`` (the jobs' folder in
 the container) becomes ``jobs.command``, the node's report of its jobs that the module asks before it
-replaces a running container.
+replaces a running container, and ``jobs.stop_command``, the stop of one (as jobs.yml's) that force=true runs.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = dict(self._task.args)
         record = args.pop("record")
-        if "jobs" in args:  # the node's report of its jobs, the one command every asker runs
-            jobs = dict(args["jobs"])
-            jobs["command"] = node_jobs.command(str(jobs.pop("dir")))
-            args["jobs"] = jobs
         host = (task_vars or {}).get("inventory_hostname", "?")
+        if "jobs" in args:  # the node's report of its jobs and its stop: the commands jobs.yml runs
+            jobs = dict(args["jobs"])
+            folder, reason = str(jobs.pop("dir")), f"stopped by site.yml -e force=true (it recreated {host})"
+            jobs["command"] = node_jobs.command(folder)
+            jobs["stop_command"] = node_jobs.command(folder, "{job}", reason)
+            args["jobs"] = jobs
         result.update(
             self._execute_module(module_name="ddp_node_container", module_args=args, task_vars=task_vars)
         )

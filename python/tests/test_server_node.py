@@ -151,7 +151,7 @@ def test_check_mode_without_the_image_says_what_it_would_do_and_changes_nothing(
         == "would create container node0 from ddp-cluster/node:abc (not on this engine yet)"
     )
     assert not (tmp_path / "node0").exists()
-    assert [call.split()[0] for call in calls(engine)] == ["image"]
+    assert [call.split()[0] for call in calls(engine)] == ["image", "container"]
 
 
 def test_a_missing_image_is_refused_outside_check_mode(tmp_path: Path, engine: Path) -> None:
@@ -315,7 +315,11 @@ def answers(engine: Path, *reports: dict[str, Any] | str) -> None:
 
 
 def with_jobs(tmp_path: Path, **jobs: Any) -> dict[str, Any]:
-    return {**params(tmp_path), "jobs": {"command": JOBS_COMMAND, "wait_timeout": 3600, **jobs}}
+    stop = f"{JOBS_COMMAND} --stop '{{job}}' --reason 'stopped by site.yml -e force=true'"
+    return {
+        **params(tmp_path),
+        "jobs": {"command": JOBS_COMMAND, "stop_command": stop, "wait_timeout": 3600, **jobs},
+    }
 
 
 def changes(state: Path) -> list[str]:
@@ -351,13 +355,49 @@ def test_a_container_running_a_job_is_refused_by_name_and_nothing_changes(
     assert asked == [f"exec node0 /bin/bash -c {JOBS_COMMAND}"] * 2
 
 
-def test_force_recreates_it_and_says_which_job_it_stops(tmp_path: Path, job_engine: Path) -> None:
+def test_check_mode_before_a_new_image_is_built_reports_the_refusal_too(
+    tmp_path: Path, job_engine: Path
+) -> None:
+    (job_engine / "image_id").unlink()  # the image stage, in check mode, only said it would build it
+    with pytest.raises(NodeError, match=r"^job train-7 \(nodes node0, node1\) runs on node0"):
+        node.bring_up(with_jobs(tmp_path), check=True)
+    answers(job_engine, FREE_REPORT)
+    result = node.bring_up(with_jobs(tmp_path), check=True)
+    assert result["actions"][-2:] == [
+        "removed container node0 (its specification differs)",
+        "would create container node0 from ddp-cluster/node:abc (not on this engine yet)",
+    ]
+    assert result["diff"]["before"]["container"]["image_id"] == "sha256:1" and changes(job_engine) == []
+
+
+def test_force_stops_the_job_then_recreates_it_and_says_which_job_it_stops(
+    tmp_path: Path, job_engine: Path
+) -> None:
     checked = node.bring_up(with_jobs(tmp_path, force=True), check=True)
     assert checked["warnings"] == ["force=true: recreating node0 would stop job train-7 (nodes node0, node1)"]
-    assert changes(job_engine) == []
+    assert changes(job_engine) == [] and not any("--stop" in call for call in calls(job_engine))
     result = node.bring_up(with_jobs(tmp_path, force=True), check=False)
     assert result["warnings"] == ["force=true: recreating node0 stops job train-7 (nodes node0, node1)"]
+    assert result["actions"][0] == "stopped job train-7 (force=true)"
+    stops = [call for call in calls(job_engine) if "--stop" in call]
+    assert stops == [
+        f"exec node0 /bin/bash -c {JOBS_COMMAND} --stop 'train-7' "
+        "--reason 'stopped by site.yml -e force=true'"
+    ]
     assert result["container_changed"] and changes(job_engine) == ["rm", "create", "start"]
+    # The job is stopped before its container goes.
+    order = [call.split()[0] for call in calls(job_engine) if "--stop" in call or call.startswith("rm")]
+    assert order == ["exec", "rm"]
+
+
+def test_a_stop_that_fails_is_said_and_the_node_recreated_anyway(tmp_path: Path, job_engine: Path) -> None:
+    answers(job_engine, JOB_REPORT, "python: No module named ddp_cluster.supervisor.jobs")
+    result = node.bring_up(with_jobs(tmp_path, force=True), check=False)
+    assert result["warnings"][1:] == [
+        "node0: job train-7 did not stop cleanly (python: No module named ddp_cluster.supervisor.jobs): "
+        "removing it"
+    ]
+    assert changes(job_engine) == ["rm", "create", "start"]
 
 
 def test_wait_looks_again_until_the_job_ended_then_recreates(tmp_path: Path, job_engine: Path) -> None:

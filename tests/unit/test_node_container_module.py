@@ -1,10 +1,10 @@
 """The node_container role's one-run-per-node module (roles/node_container/library/ddp_node_container.py), run
 as Ansible runs it, with ddp_cluster.server.node shipped as module_utils: check mode against a docker double
 says what it would do and touches nothing; a node whose container would be recreated while a job runs in it
-is refused by name (in check mode too), or recreated with a warning under force. What the module does is
-unit-tested in python/tests/test_server_node.py; the container itself runs in molecule's node_container
-scenario and the e2e tests (tests/test_site_scale.py counts the runs, tests/test_site_running_job.py runs
-site.yml over a running job)."""
+is refused by name (in check mode too), or under force its job stopped and the node recreated with a
+warning. What the module does is unit-tested in python/tests/test_server_node.py; the container itself runs
+in molecule's node_container scenario and the e2e tests (tests/test_site_scale.py counts the runs,
+tests/test_site_running_job.py runs site.yml over a running job)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,12 @@ from typing import Any
 
 from rolemodule import run_role_module
 
-# No image on the engine: in check mode the module only says it would create the container.
-DOCKER = '#!/bin/sh\necho "$*" >> "$(dirname "$0")/calls"\n[ "$1 $2" = "image inspect" ] && exit 1\nexit 0\n'
+# No image and no container on the engine: in check mode the module only says it would create the container.
+DOCKER = """#!/bin/sh
+echo "$*" >> "$(dirname "$0")/calls"
+case "$1" in image|container) exit 1;; esac
+exit 0
+"""
 
 
 def run(tmp_path: Path, **args: Any) -> dict[str, Any]:
@@ -48,7 +52,9 @@ def test_check_mode_says_what_it_would_do_and_touches_nothing(tmp_path: Path) ->
     ]
     assert result["sshd"] == [] and result["diff"]["after"]["settings"] == "x\n"
     assert not node.exists()
-    assert (tmp_path / "bin" / "calls").read_text() == "image inspect --format {{.Id}} ddp-cluster/node:abc\n"
+    assert (tmp_path / "bin" / "calls").read_text() == (
+        "image inspect --format {{.Id}} ddp-cluster/node:abc\ncontainer inspect node0\n"
+    )
 
 
 # An engine whose image changed since node0 was made, node0 running, and the node's jobs command answering
@@ -93,7 +99,12 @@ def run_over_a_job(tmp_path: Path, check: bool, **jobs: Any) -> tuple[dict[str, 
         "settings": {"path": str(node / "etc" / "node.env"), "content": "x\n", "mode": "0644"},
         "container": SPEC,
         "sshd": {"port": 12345, "timeout": 1, "probe": "true"},
-        "jobs": {"command": "python -m ddp_cluster.supervisor.jobs", "wait_timeout": 60, **jobs},
+        "jobs": {
+            "command": "python -m ddp_cluster.supervisor.jobs",
+            "stop_command": "python -m ddp_cluster.supervisor.jobs --stop {job}",
+            "wait_timeout": 60,
+            **jobs,
+        },
     }
     env = {"PATH": f"{double.parent}{os.pathsep}{os.environ['PATH']}", "STATE": str(state)}
     result = run_role_module(
@@ -118,6 +129,7 @@ def test_force_recreates_the_node_with_a_warning_naming_the_job(tmp_path: Path) 
     result, calls = run_over_a_job(tmp_path, False, force=True)
     assert not result.get("failed"), result
     assert result["warnings"] == ["force=true: recreating node0 stops job train-7 (nodes node0, node1)"]
+    assert "exec node0 /bin/bash -c python -m ddp_cluster.supervisor.jobs --stop train-7" in calls
     assert [call.split()[0] for call in calls if call.startswith(("rm", "create", "start"))] == [
         "rm",
         "create",

@@ -22,9 +22,9 @@ description:
   - Replacing a container stops what runs in it. When the running container would be replaced, the module
     first asks the node which jobs run there (O(jobs.command), in the container); when one does, the node is
     refused by name before anything changes on it (directories and settings file included), naming the jobs
-    and how to go on, unless O(jobs.force) (replaced anyway, said in a warning) or O(jobs.wait) (their end
-    waited for, within O(jobs.wait_timeout) seconds). A container that does not answer runs no job it could
-    report (a warning says so).
+    and how to go on, unless O(jobs.force) (each job stopped as jobs.yml stops it, then the container
+    replaced, said in a warning) or O(jobs.wait) (their end waited for, within O(jobs.wait_timeout)
+    seconds). A container that does not answer runs no job it could report (a warning says so).
   - Check mode says what would change and changes nothing (a refusal too); diff mode shows the settings file
     and the specification before and after.
 options:
@@ -56,8 +56,10 @@ options:
       - C(command), the node's report of its jobs (one JSON line, C(busy) and C(jobs)), run with
         C(/bin/bash -c) in the container; the action builds it (ddp_cluster.job.node_jobs.command). Without
         it the jobs are not asked.
-      - C(force) (recreate anyway), C(wait) (wait for the jobs to end), C(wait_timeout) (seconds),
-        C(poll) (seconds between looks while waiting, default 5).
+      - C(stop_command), one job's stop there (C({job}) in it replaced by the job's id), run before
+        C(force) recreates the container.
+      - C(force) (stop the jobs and recreate anyway), C(wait) (wait for the jobs to end), C(wait_timeout)
+        (seconds), C(poll) (seconds between looks while waiting, default 5).
     type: dict
     required: false
 """

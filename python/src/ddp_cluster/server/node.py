@@ -175,24 +175,28 @@ def run_argv(spec: dict[str, Any], label: str) -> list[str]:
 def plan_container(spec: dict[str, Any], check: bool) -> dict[str, Any]:
     """What the node's container needs, read from the engine and changing nothing: ``do`` is ``none``,
     ``start``, ``create``, ``replace`` (a running or stopped container made from another specification, or
-    by hand) or ``no-image`` (check mode before the image stage ran); ``wanted`` the specification label,
-    ``before`` the found one, ``running`` whether the found container runs."""
+    by hand, or, in check mode, one whose new image is not built yet) or ``no-image`` (check mode before the
+    image stage built the first one); ``wanted`` the specification label ('' without the image), ``before``
+    the found one, ``running`` whether the found container runs."""
     image = docker("image", "inspect", "--format", "{{.Id}}", spec["image"], check=False)
-    if image.returncode != 0:
-        if check:  # the image stage, in check mode too, only said it would build it
-            return {"do": "no-image", "running": False}
+    if image.returncode != 0 and not check:
         raise NodeError(
             f"image {spec['image']} is not on this server's engine: run the image stage first "
             "(ansible-playbook site.yml --tags image), or set node_container_image to an image it has"
         )
-    wanted = json.dumps({**spec, "image_id": image.stdout.strip()}, sort_keys=True, separators=(",", ":"))
+    # Check mode: the image stage, in check mode too, only said it would build it.
+    wanted = (
+        json.dumps({**spec, "image_id": image.stdout.strip()}, sort_keys=True, separators=(",", ":"))
+        if image.returncode == 0
+        else ""
+    )
     found = docker("container", "inspect", spec["name"], check=False)
     if found.returncode != 0:
-        return {"do": "create", "wanted": wanted, "running": False}
+        return {"do": "create" if wanted else "no-image", "wanted": wanted, "running": False}
     info = json.loads(found.stdout)[0]
     label = (info["Config"].get("Labels") or {}).get(SPEC_LABEL, "")
     running = bool(info["State"].get("Running"))
-    if label == wanted:
+    if wanted and label == wanted:
         return {"do": "none" if running else "start", "wanted": wanted, "running": running}
     return {"do": "replace", "wanted": wanted, "before": label, "running": running}
 
@@ -201,8 +205,9 @@ def container(
     spec: dict[str, Any], plan: dict[str, Any], check: bool, diff: dict[str, Any]
 ) -> tuple[list[str], bool]:
     """Do what :func:`plan_container` found the container needs: (actions, whether it runs or will)."""
+    not_built = f"would create container {spec['name']} from {spec['image']} (not on this engine yet)"
     if plan["do"] == "no-image":
-        return [f"would create container {spec['name']} from {spec['image']} (not on this engine yet)"], False
+        return [not_built], False
     if plan["do"] == "none":
         return [], True
     actions = []
@@ -217,6 +222,8 @@ def container(
         actions.append(f"removed container {spec['name']} (its specification differs)")
         if not check:
             docker("rm", "--force", spec["name"])
+    if not plan["wanted"]:
+        return [*actions, not_built], False
     diff["after"]["container"] = json.loads(plan["wanted"])
     actions.append(f"created and started container {spec['name']} from {spec['image']}")
     if not check:
@@ -227,9 +234,11 @@ def container(
 
 # --- the jobs that a replaced container would stop ---------------------------------------------------------
 
-# Seconds between looks while waiting for a node's jobs to end, and for one look.
+# Seconds between looks while waiting for a node's jobs to end, for one look, and for a job's stop (its
+# supervisor's minute to stop every rank, then the node's own sweep).
 JOBS_POLL = 5.0
 JOBS_TIMEOUT = 60
+STOP_TIMEOUT = 150
 
 
 def busy_jobs(output: str) -> dict[str, list[str]] | None:
@@ -296,8 +305,9 @@ def guard_jobs(
 ) -> tuple[list[str], list[str]]:
     """Before anything changes on the node: when its running container would be recreated (``plan``) and
     jobs run in it (asked with ``jobs["command"]``), NodeError naming them and how to go on, unless
-    ``jobs["force"]`` (recreated anyway, said in a warning) or ``jobs["wait"]`` (their end waited for, at most
-    ``jobs["wait_timeout"]`` s; check mode only says it would). (actions, warnings)."""
+    ``jobs["force"]`` (each stopped first with ``jobs["stop_command"]``, ``{job}`` in it replaced by its id,
+    and recreated; a warning names them) or ``jobs["wait"]`` (their end waited for, at most
+    ``jobs["wait_timeout"]`` s). Check mode only says what it would do. (actions, warnings)."""
     if plan["do"] != "replace" or not plan["running"] or not jobs or not jobs.get("command"):
         return [], []
     found, unanswered = jobs_in(name, str(jobs["command"]))
@@ -307,7 +317,21 @@ def guard_jobs(
         return [], []
     would = "would stop" if check else "stops"
     if jobs.get("force"):
-        return [], [f"force=true: recreating {name} {would} {describe_jobs(found)}"]
+        warnings = [f"force=true: recreating {name} {would} {describe_jobs(found)}"]
+        if check or not jobs.get("stop_command"):
+            return [], warnings
+        # Stopped as jobs.yml stops a job, before the container goes: its supervisor (when it lives here)
+        # stops every rank on every node and records why, and the node's claim is released.
+        stopped = []
+        for job in sorted(found):
+            command = str(jobs["stop_command"]).replace("{job}", job)
+            done = docker("exec", name, "/bin/bash", "-c", command, check=False, timeout=STOP_TIMEOUT)
+            if done.returncode == 0:
+                stopped.append(f"stopped job {job} (force=true)")
+            else:
+                said = (done.stderr.strip() or done.stdout.strip() or f"rc {done.returncode}").splitlines()
+                warnings.append(f"{name}: job {job} did not stop cleanly ({said[-1][:200]}): removing it")
+        return stopped, warnings
     made_here = str(plan.get("before", "")).startswith("{")
     why = "its specification changed" if made_here else "it was not made by site.yml"
     timeout = float(jobs.get("wait_timeout") or 0)
