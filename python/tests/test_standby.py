@@ -79,7 +79,10 @@ def test_the_first_nodes_status_is_mirrored_and_its_end_ends_the_standby(tmp_pat
     assert settle(follow) == "done"
     mirrored = json.loads((tmp_path / standby.FOLDER / "status.json").read_text())
     assert mirrored["state"] == "running" and mirrored["standby"] == me
-    assert spawned[0][-2:] == ["node0", f"python -m ddp_cluster.supervisor.standby --job-dir {tmp_path} --report"]
+    assert spawned[0][-2:] == [
+        "node0",
+        f"python -m ddp_cluster.supervisor.standby --job-dir {tmp_path} --report",
+    ]
 
 
 def test_a_supervisor_gone_on_a_node_that_answers_is_not_a_takeover(tmp_path: Path) -> None:
@@ -172,6 +175,14 @@ def test_the_start_command_starts_one_standby_outside_the_jobs_tag() -> None:
     command = standby.start_command("/workspace/jobs/j1", "node0", 25, "/etc/ddp-cluster/env.sh")
     assert command.startswith("pgrep -f 'supervisor[.]standby --job-dir /workspace/jobs/j1 ' >/dev/null ||")
     assert "--primary node0 --timeout 25" in command and "setsid nohup" in command
+    # the shell that runs the command does not match its own pgrep (only the standby's command line does)
+    found = subprocess.run(
+        ["/bin/sh", "-c", command.split(" || ", 1)[0].replace(">/dev/null", "") + f" # {command}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert found.returncode == 1, found.stdout
     # the standby's command line must not hold JOB/ (which marks the ranks that sweeps stop)
     started = command.split("exec ", 1)[1].split(">>", 1)[0]
     assert "/workspace/jobs/j1/" not in started

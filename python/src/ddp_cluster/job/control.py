@@ -179,7 +179,11 @@ class JobControl:
                     " `ansible-playbook jobs.yml` lists the cluster's jobs"
                 )
                 self.say(f"{label}: {reason}")
-                return self.written(Status(state="failed", reason=reason, lost_nodes=(str(plan["first"]),)))
+                lost = (str(plan["first"]),)
+                # this node's results are the run's (the checkpoint copies): the report lays them out
+                return self.written(
+                    Status(state="failed", reason=reason, lost_nodes=lost, supervisor_node=node)
+                )
             self.say(f"{label}: followed to {node}, which took the job over ({first.state})")
         elif plan.get("attach"):
             first = self.read()

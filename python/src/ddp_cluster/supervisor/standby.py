@@ -113,8 +113,10 @@ def start_command(job_dir: str, primary: str, timeout: float, node_env: str) -> 
     """The shell command (for the standby's node, over the mesh) that starts the standby unless it runs."""
     where = shlex.quote(job_dir.rstrip("/"))
     pattern = shlex.quote(f"supervisor[.]standby --job-dir {job_dir.rstrip('/')} ")
+    # "--job-dir" quoted: the text of this command (the shell that runs it) must not match the pattern,
+    # only the standby's own command line does.
     standby = (
-        f"python -m ddp_cluster.supervisor.standby --job-dir {where} --primary {shlex.quote(primary)}"
+        f'python -m ddp_cluster.supervisor.standby "--job-dir" {where} --primary {shlex.quote(primary)}'
         f" --timeout {timeout:g}"
     )
     inner = f". {node_env} 2>/dev/null; exec {standby} >> {where}/{LOG} 2>&1 < /dev/null"
