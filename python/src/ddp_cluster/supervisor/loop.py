@@ -12,15 +12,22 @@ as the job goes: ``running`` with the latest progress, then ``succeeded`` or ``f
 node, the rank, its exit code or signal and the last lines of that rank's log. A job fails when the launcher
 exits non-zero, when a node stops answering ssh (its container or server died: the collectives would otherwise
 wait for their own, much longer, timeout), when the time bound passes, or when the supervisor is told to stop
-(SIGUSR1 with JOB/stop-reason: a stop asked from the controller; SIGTERM, SIGINT, SIGHUP). Then every rank on
-every node that still answers is stopped, and what is left over is reported.
+(SIGUSR1 with JOB/stop-reason: a stop asked from the controller; SIGTERM, SIGINT, SIGHUP), or, with
+stall_timeout, when no rank made progress for that long. Then every rank on every node that still answers is
+stopped, and what is left over is reported. It holds the job's claim on each node and releases it at its end;
+the launcher dies with it (a parent-death signal); a status it cannot write ends the job, its last words left
+where the controller reads them. With ``--took-over-from NODE`` it is the job's standby taking the job over
+from its lost first node (:meth:`Supervisor.take_over`).
 
 Its parts, each tested on its own: :class:`StatusFile`; :mod:`~ddp_cluster.supervisor.failures` (what
 mpirun's or torchrun's output says failed, and whether a restart cures it);
 :mod:`~ddp_cluster.supervisor.remote` (the other nodes over the mesh's ssh, and the stop sweep);
 :mod:`~ddp_cluster.supervisor.liveness` (which nodes stopped answering, watched along a tree whose cost on
-this node does not grow with the node count; a slow node is never declared dead);
-:mod:`~ddp_cluster.supervisor.recovery` (the restart); and :class:`Supervisor`, which runs the launcher.
+this node does not grow with the node count; a node unheard for liveness_timeout is lost, a shorter blip is
+not); :mod:`~ddp_cluster.supervisor.recovery` (the restart); :mod:`~ddp_cluster.supervisor.replicas` (rank 0's
+checkpoints copied off this node); :mod:`~ddp_cluster.supervisor.stall` (the progress watchdog);
+:mod:`~ddp_cluster.supervisor.standby` (the second node's standby, which takes the job over when this node is
+lost); and :class:`Supervisor`, which runs the launcher.
 
 No torch here: the supervisor runs beside the job, in the image's Python.
 """
