@@ -11,7 +11,7 @@ The package is grouped by where its code runs, which says what each part may imp
     inventory/              the controller's reading of the inventory for the playbooks' filters
     server/                 a server's own Python (stdlib, 3.8): shipped as the roles' module_utils
     job/                    the controller's job: request, spec, plan, bundle, lifecycle, status, results
-    supervisor/             the job's supervisor and its standby: launcher, failures, liveness, checkpoint copies
+    supervisor/             the job's supervisor, its standby: launcher, liveness, checkpoint copies
     runtime/                every rank (torch): training loop, config, dist env, device, checkpoints, data
     health/                 the health gate: rank side (torch) and the controller's judgement
 
