@@ -186,7 +186,7 @@ def _place(jobs_dir: str, made: Claim, replace: bool) -> None:
     if replace:
         write_atomic(path, data)
         return
-    tmp = Path(jobs_dir, f".{CLAIM}.new-{os.getpid()}-{threading.get_ident()}")
+    tmp = Path(jobs_dir, f"{CLAIM}.new-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)
