@@ -25,6 +25,7 @@ which the supervisor may not import: ``tests/test_stall.py`` holds the names equ
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import time
@@ -81,13 +82,14 @@ class Watchdog:
             if waited <= self.start_timeout:
                 return None
             return (
-                f"no progress within {waited:.0f} s of the start (stall_start_timeout={self.start_timeout:g}:"
-                f" {NO_SIGN})"
+                f"no progress within {math.ceil(waited)} s of the start"
+                f" (stall_start_timeout={self.start_timeout:g}: {NO_SIGN})"
             )
         silent = now - self.last
         if silent <= self.stall_timeout:
             return None
-        return f"no progress for {silent:.0f} s (stall_timeout={self.stall_timeout:g}: {NO_SIGN})"
+        # Rounded up: "no progress for 20 s (stall_timeout=20)" would read as no stall at all.
+        return f"no progress for {math.ceil(silent)} s (stall_timeout={self.stall_timeout:g}: {NO_SIGN})"
 
 
 # --- the stacks -------------------------------------------------------------------------------------------
