@@ -403,7 +403,7 @@ def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
     assert not (job_dir / LAUNCHER_LOG).exists()
     # the spare is asked which jobs it runs, then claimed for this one
     assert cluster.asked("n1") == [] and len(cluster.asked("n2")) == 2
-    assert cluster.asked("n2")[1].endswith("--claim j1 --here")
+    assert "--claim j1 --here" in cluster.asked("n2")[1]
     # the record, in the supervisor and its status
     (record,) = supervisor.restarts
     assert {key: record[key] for key in record if key not in ("lost_at", "restarted_at")} == {
@@ -720,7 +720,9 @@ def test_a_node_that_does_not_take_the_jobs_files_is_replaced_by_a_spare(
     def distribute(nodes: Any, data: bytes, where: Path, pool: ThreadPoolExecutor) -> Failure | None:
         cluster.given.append((list(nodes), data))
         if "n1" in nodes:  # n1 answers probes but cannot take files (frozen, its disk full)
-            return Failure("the job's files could not be copied to node n1 (no answer within 300 s)", node="n1")
+            return Failure(
+                "the job's files could not be copied to node n1 (no answer within 300 s)", node="n1"
+            )
         return None
 
     monkeypatch.setattr(supervisor.mesh, "give", distribute)
@@ -728,3 +730,35 @@ def test_a_node_that_does_not_take_the_jobs_files_is_replaced_by_a_spare(
     assert supervisor.nodes == ["n0", "n3", "n4"]
     (record,) = supervisor.restarts
     assert record["lost"] == ["n1", "n2"] and record["spares_taken"] == ["n3", "n4"]
+
+
+def test_an_epoch_checkpoint_without_metrics_here_takes_its_step_from_the_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
+    """A node that took the job over has rank 0's checkpoint copies but not its metrics.jsonl: the step of an
+    epoch's checkpoint is the one the first node wrote into the status."""
+    supervisor, cluster = faked(tmp_path, monkeypatch, spares=["n2"])
+    first_attempt(supervisor)
+    job_dir = supervisor.job_dir
+    (job_dir / "output" / "metrics.jsonl").unlink()
+    (job_dir / "output" / "checkpoints" / "epoch-00003.step-000000150.ckpt").unlink()
+    (job_dir / "logs" / "1" / "rank.0" / "stdout").unlink()  # rank 0 ran on the lost first node
+    supervisor.status.write(checkpoint_steps={"epoch-00003.ckpt": 120}, progress={"step": 170})
+    cluster.down = {"n1"}
+    assert recovery.recover(supervisor, lost("n1"), pool) is True
+    (record,) = supervisor.restarts
+    assert (record["checkpoint"], record["resume_step"], record["steps_redone"]) == (
+        "epoch-00003.ckpt",
+        120,
+        50,
+    )
+
+
+def test_the_supervisor_notes_the_step_of_each_new_checkpoint_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    supervisor, _ = faked(tmp_path, monkeypatch)
+    first_attempt(supervisor)
+    assert supervisor.checkpoint_steps() == {"checkpoint_steps": {"epoch-00003.step-000000150.ckpt": 150}}
+    supervisor.status.write(**supervisor.checkpoint_steps())
+    assert supervisor.checkpoint_steps() == {}

@@ -315,18 +315,32 @@ class JobControl:
     def start(self) -> str:
         """Claim the nodes, put the job's files on the first and start its supervisor; '' or what went
         wrong."""
+        claimed = False
         try:
             if refused := self.claim():
                 return refused
+            claimed = True
             bundle = self.transport.put(str(self.plan["bundle"]))
             checkpoint = self.plan.get("resume_checkpoint") or ""
             put = self.transport.put(str(checkpoint)) if checkpoint else ""
             done = self.transport.run(start_command(self.plan, self.node, bundle, put))
         except Unreachable as error:
+            if claimed:
+                self.release()
             return str(error)[-500:]
         finally:
             self.transport.close()
+        if done.rc != 0:
+            self.release()
         return "" if done.rc == 0 else done.said()
+
+    def release(self) -> None:
+        """The job's claims released after a start that failed (else its nodes stay busy until stale)."""
+        jobs = node_jobs.jobs_dir(str(self.plan["job_dir"]))
+        nodes = [str(node) for node in self.plan.get("nodes") or [self.node]]
+        command = node_jobs.release_command(jobs, str(self.plan["id"]), nodes)
+        with contextlib.suppress(Unreachable):
+            self.transport.run(in_container(self.node, command, shell="/bin/bash"))
 
     def stop(self, reason: str) -> None:
         """Stop the job on every node: its supervisor is told (with ``reason``; without one, as the job's

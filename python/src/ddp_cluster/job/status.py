@@ -43,6 +43,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "start_id": (str,),
     "standby": (str,),
     "stalled": (dict,),
+    "checkpoint_steps": (dict,),
 }
 LISTS = ("nodes", "launcher", "lost_nodes", "log_tail", "launcher_tail", "ran_on")
 
@@ -91,8 +92,11 @@ class Status:
     start_id: str = ""
     # After a stall: which ranks were outside a collective, where the stacks are (supervisor.stall.capture).
     stalled: Mapping[str, Any] = field(default_factory=dict)
-    # The checkpoint copies made off the first node (supervisor.replicas): one record per place.
+    # The checkpoint copies made off the first node (supervisor.replicas): one record per place; and the step
+    # of each of rank 0's newest checkpoints (an epoch's checkpoint names no step: a node that takes the job
+    # over, without the first node's metrics.jsonl, reads it here).
     replicas: tuple[Mapping[str, Any], ...] = ()
+    checkpoint_steps: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -149,6 +153,7 @@ class Status:
         data["restarts"] = [dict(item) for item in self.restarts]
         data["replicas"] = [dict(item) for item in self.replicas]
         data["stalled"] = dict(self.stalled)
+        data["checkpoint_steps"] = dict(self.checkpoint_steps)
         return data
 
     def dumps(self) -> str:

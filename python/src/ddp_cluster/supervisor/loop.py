@@ -261,7 +261,9 @@ class Supervisor:
                         file=sys.stderr,
                         flush=True,
                     )
-            self.status.write(progress=self.progress(), replicas=self.replicator.state())
+            self.status.write(
+                progress=self.progress(), replicas=self.replicator.state(), **self.checkpoint_steps()
+            )
             recovery.note_training_again(self)
             if not self.status.status.ranks_running and time.time() >= self._next_ranks_check:
                 self._next_ranks_check = time.time() + 1.0
@@ -286,6 +288,22 @@ class Supervisor:
             node_claims.release_all(
                 self.mesh, ran_on, self.spec.id, node_jobs.jobs_dir(str(self.job_dir)), pool
             )
+
+    def checkpoint_steps(self) -> dict[str, Any]:
+        """The step of rank 0's newest checkpoint here, added to the status when a new one appears (read from
+        metrics.jsonl once per checkpoint); {} when nothing changed."""
+        folder = self.job_dir / "output" / recovery.FOLDER
+        try:
+            names = [name for name in os.listdir(folder) if recovery.NAME.match(name)]
+        except OSError:
+            return {}
+        newest = max(names, default="")
+        known = dict(self.status.status.checkpoint_steps)
+        if not newest or newest in known:
+            return {}
+        name, step = recovery.newest_checkpoint(self.job_dir / "output")
+        known[name] = step
+        return {"checkpoint_steps": dict(sorted(known.items())[-8:])}
 
     def forget(self, lost: Sequence[str]) -> None:
         for node in lost:

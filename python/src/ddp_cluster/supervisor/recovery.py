@@ -107,6 +107,8 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
     skipped: list[str] = []  # newer copies that fail their checksum: renamed aside, the next older taken
     newest_verified(supervisor.job_dir, spec.checkpoint_dir, spec.id, skipped)
     checkpoint, resume_step = newest_checkpoint(supervisor.job_dir / "output")
+    if checkpoint and not resume_step:  # an epoch's checkpoint copied here: its step, as the first node said
+        resume_step = int(supervisor.status.status.checkpoint_steps.get(checkpoint) or 0)
     archived = False
     # A node that does not take the job's files (it froze, its disk is full) is replaced by a spare too.
     taken: list[str] = []
@@ -197,7 +199,8 @@ def spare_free(supervisor: Supervisor, node: str) -> bool:
     jobs_dir = str(Path(supervisor.spec.job_dir).parent)
     if supervisor.mesh.jobs_on(node, jobs_dir) != []:
         return False
-    return bool(claim_one(supervisor.mesh, node, supervisor.spec.id, jobs_dir).get("claimed"))
+    nodes = [*supervisor.nodes, node]
+    return bool(claim_one(supervisor.mesh, node, supervisor.spec.id, jobs_dir, nodes).get("claimed"))
 
 
 def archive_attempt(
