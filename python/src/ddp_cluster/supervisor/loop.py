@@ -61,6 +61,7 @@ from ddp_cluster.job import spec as jobspec
 from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
 from ddp_cluster.job.status import Status
+from ddp_cluster.runtime import checkpoint_names
 from ddp_cluster.supervisor import jobs as node_claims
 from ddp_cluster.supervisor import recovery, stall, standby
 from ddp_cluster.supervisor.failures import (
@@ -292,9 +293,9 @@ class Supervisor:
     def checkpoint_steps(self) -> dict[str, Any]:
         """The step of rank 0's newest checkpoint here, added to the status when a new one appears (read from
         metrics.jsonl once per checkpoint); {} when nothing changed."""
-        folder = self.job_dir / "output" / recovery.FOLDER
+        folder = self.job_dir / "output" / checkpoint_names.FOLDER
         try:
-            names = [name for name in os.listdir(folder) if recovery.NAME.match(name)]
+            names = [name for name in os.listdir(folder) if checkpoint_names.NAME.match(name)]
         except OSError:
             return {}
         newest = max(names, default="")
