@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, PlaybookResult, node_exec, run_playbook
 
 RUNS = REPO / "runs"
@@ -73,11 +75,12 @@ def job_id(name: str) -> str:
     return f"test-stall-{name}-{uuid.uuid4().hex[:6]}"
 
 
-def train(job: str, script: Path, mode: str) -> PlaybookResult:
+def train(job: str, script: Path, mode: str, launcher: str = "mpirun") -> PlaybookResult:
     return run_playbook(
         "train.yml",
         extravars={
             "job_id": job,
+            "launcher": launcher,
             "nodes": 2,
             "script": str(script),
             "script_args": mode,
@@ -100,13 +103,14 @@ def no_job_processes(node: str, job: str) -> bool:
     return node_exec(node, f"pgrep -af '[/]workspace/jobs/{job}/' || true").stdout.strip() == ""
 
 
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
 def test_a_stalled_job_is_stopped_naming_the_rank_outside_a_collective_its_stacks_kept(
-    local_cluster: PlaybookResult, tmp_path: Path
+    local_cluster: PlaybookResult, tmp_path: Path, launcher: str
 ) -> None:
     script = tmp_path / "stall_script.py"
     script.write_text(SCRIPT)
-    job = job_id("stuck")
-    result = train(job, script, "stall")
+    job = job_id(f"stuck-{launcher}")
+    result = train(job, script, "stall", launcher)
     ended = time.time()
     out = result.stdout
     assert result.rc != 0, out[-4000:]
