@@ -762,3 +762,11 @@ def test_the_supervisor_notes_the_step_of_each_new_checkpoint_once(
     assert supervisor.checkpoint_steps() == {"checkpoint_steps": {"epoch-00003.step-000000150.ckpt": 150}}
     supervisor.status.write(**supervisor.checkpoint_steps())
     assert supervisor.checkpoint_steps() == {}
+
+
+def test_the_step_of_an_epochs_checkpoint_copy_is_read_or_inferred_from_the_first_nodes_word() -> None:
+    known = {"epoch-00010.ckpt": 230, "epoch-00011.step-000000250.ckpt": 250}
+    assert recovery.step_of_copy("epoch-00010.ckpt", known) == 230
+    assert recovery.step_of_copy("epoch-00012.ckpt", known) == 276  # 12 epochs of 23 steps
+    assert recovery.step_of_copy("epoch-00012.ckpt", {}) == 0
+    assert recovery.step_of_copy("epoch-00012.step-000000270.ckpt", known) == 0

@@ -8,7 +8,7 @@ The package is grouped by where its code runs, which says what each part may imp
     ascend/                 device-IP plans, rank tables, hccn_tool (``hccn`` ships to servers: stdlib, 3.8)
     image/                  the node image (controller): base image, its probe, where it is built, its tag,
                             the base's pull, the distribution (``distribute`` also ships as module_utils)
-    inventory/              the controller's reading of the inventory for the playbooks' filters
+    inventory/              the controller's reading of the inventory; the lock of one site.yml at a time
     server/                 a server's own Python (stdlib, 3.8): shipped as the roles' module_utils
     job/                    the controller's job: request, spec, plan, bundle, lifecycle, status, results
     supervisor/             the job's supervisor, its standby: launcher, liveness, checkpoint copies

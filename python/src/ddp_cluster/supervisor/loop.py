@@ -320,7 +320,11 @@ class Supervisor:
             return None
         captured = stall.capture(self.mesh.run, self.nodes, str(self.job_dir))
         self.status.write(stalled=captured)
-        return Failure(f"the job stalled: {reason}; {stall.summary(captured)}", cause=stall.STALL)
+        failure = Failure(f"the job stalled: {reason}; {stall.summary(captured)}", cause=stall.STALL)
+        if outside := captured.get("not_in_collective"):  # the report shows that rank's log
+            failure.rank = int(outside[0])
+            failure.node = str(captured["ranks"][outside[0]]["node"])
+        return failure
 
     def run(self) -> int:
         """The job from its start (this is its first node): every node gets its files, then the attempts."""

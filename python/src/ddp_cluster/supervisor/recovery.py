@@ -61,6 +61,23 @@ def newest_checkpoint(output: Path) -> tuple[str, int]:
     return names[-1], 0
 
 
+def step_of_copy(name: str, known: Mapping[str, Any]) -> int:
+    """The step of an epoch's checkpoint copied from the first node, from the steps the first node wrote into
+    the status: its own, else its epoch times the steps of an epoch seen in another epoch's checkpoint (every
+    epoch of an attempt has as many steps); 0 when nothing says."""
+    if isinstance(known.get(name), int):
+        return int(known[name])
+    match = NAME.match(name)
+    if match is None or match.group(2):
+        return 0
+    epoch = int(match.group(1))
+    for other, step in sorted(known.items(), reverse=True):
+        seen = NAME.match(other)
+        if seen and not seen.group(2) and int(seen.group(1)) > 0 and isinstance(step, int):
+            return epoch * step // int(seen.group(1))
+    return 0
+
+
 def step_of(progress: Any) -> int | None:
     if isinstance(progress, Mapping) and isinstance(progress.get("step"), int):
         return int(progress["step"])
@@ -108,7 +125,7 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
     newest_verified(supervisor.job_dir, spec.checkpoint_dir, spec.id, skipped)
     checkpoint, resume_step = newest_checkpoint(supervisor.job_dir / "output")
     if checkpoint and not resume_step:  # an epoch's checkpoint copied here: its step, as the first node said
-        resume_step = int(supervisor.status.status.checkpoint_steps.get(checkpoint) or 0)
+        resume_step = step_of_copy(checkpoint, supervisor.status.status.checkpoint_steps)
     archived = False
     # A node that does not take the job's files (it froze, its disk is full) is replaced by a spare too.
     taken: list[str] = []
