@@ -92,3 +92,37 @@ def test_a_killed_server_is_recovered_on_the_other_within_90s(sim_cluster: Playb
     assert again < 90, f"training again {again:.0f} s after sim-server1 was killed"
     assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 1
     wait_engine("sim-server1")
+
+
+def test_the_first_server_killed_its_standby_takes_the_job_over_within_90s(sim_cluster: PlaybookResult) -> None:
+    """max_restarts=1 with min_nodes=1: sim-server0 (the job's first node: rank 0 and the supervisor) killed
+    mid-job, the standby on sim-server1 takes the job over from the checkpoint copy it holds, and the
+    controller follows it there to its end."""
+    job = job_id("takeover")
+    args = "--dataset digits --epochs 400 --batch-size 32 --log-every 10 --checkpoint-every 50"
+    playbook = start_train(job, args, SIM, extra=("-e", "max_restarts=1", "-e", "min_nodes=1"))
+    copies = f"{STATE}/sim-server1/workspace/jobs/{job}/output/checkpoints"
+    try:
+        deadline = time.monotonic() + 240
+        while ".ckpt" not in on_server("sim-server1", f"ls {copies} 2>/dev/null", check=False).stdout:
+            assert playbook.poll() is None, "train.yml ended before a checkpoint was copied to sim-server1"
+            assert time.monotonic() < deadline, "no checkpoint copy on sim-server1 within 240 s"
+            time.sleep(1)
+        subprocess.run(["docker", "kill", "sim-server0"], check=True, capture_output=True)
+        killed = time.time()
+        output, _ = playbook.communicate(timeout=400)
+    finally:
+        if playbook.poll() is None:
+            os.killpg(playbook.pid, signal.SIGTERM)
+        subprocess.run(["docker", "start", "sim-server0"], check=True, capture_output=True)
+    assert playbook.returncode == 0, output[-5000:]
+    assert f"job {job}: followed to sim-server1, which took the job over" in output, output[-4000:]
+    status = json.loads((RUNS / job / "status.json").read_text())
+    [restart] = status["restarts"]
+    assert restart["lost"] == ["sim-server0"] and restart["nodes_after"] == ["sim-server1"], restart
+    assert restart["supervisor_moved"] == "sim-server0 -> sim-server1"
+    again = float(restart["lost_at"]) + float(restart["training_again_s"]) - killed
+    print(f"training again {again:.1f} s after sim-server0 was killed")
+    assert again < 90, f"training again {again:.0f} s after sim-server0 was killed"
+    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 1
+    wait_engine("sim-server0")
