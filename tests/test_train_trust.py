@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 
-from conftest import REPO, STATE_DIR, docker, node_exec
-from test_train_lifecycle import (  # noqa: F401 (three: the fixture)
+import pytest
+from test_train_lifecycle import (  # noqa: F401 (three: the fixture every test here uses)
     LONG,
     finish,
     job_id,
@@ -27,7 +28,10 @@ from test_train_lifecycle import (  # noqa: F401 (three: the fixture)
     wait_for,
 )
 
+from conftest import REPO, STATE_DIR, docker, node_exec
+
 RUNS = REPO / "runs"
+pytestmark = pytest.mark.usefixtures("three")
 
 
 def status_on(node: str, job: str) -> dict[str, object]:
@@ -37,13 +41,21 @@ def status_on(node: str, job: str) -> dict[str, object]:
         return {}
 
 
+def past(proc: subprocess.Popen[str], job: str, step: int) -> bool:
+    """The job's progress passed ``step``; train.yml ending before that fails the test with its output."""
+    if proc.poll() is not None:
+        output, _ = proc.communicate()
+        raise AssertionError(f"train.yml ended (rc {proc.returncode}) before step {step}:\n{output[-4000:]}")
+    return step_of(job) > step
+
+
 def replicated(job: str) -> bool:
     """node1 holds a copy of a checkpoint of rank 0 (node0)."""
     folder = STATE_DIR / "node1" / "workspace" / "jobs" / job / "output" / "checkpoints"
     return folder.is_dir() and any(path.name.endswith(".ckpt") for path in folder.iterdir())
 
 
-def test_the_first_node_killed_its_standby_takes_the_job_over_on_the_spare(three: None) -> None:
+def test_the_first_node_killed_its_standby_takes_the_job_over_on_the_spare() -> None:
     reference = job_id("trust-undisturbed")
     undisturbed = playbook("train.yml", job_id=reference, nodes=2, script_args=LONG)
     assert undisturbed.rc == 0, undisturbed.stdout[-4000:]
@@ -52,7 +64,7 @@ def test_the_first_node_killed_its_standby_takes_the_job_over_on_the_spare(three
     job = job_id("takeover")
     proc = start(job, LONG, "-e", "max_restarts=1")
     try:
-        wait_for("step 1000", lambda: step_of(job) > 1000)
+        wait_for("step 1000", lambda: past(proc, job, 1000))
         wait_for("a checkpoint copy on node1", lambda: replicated(job), 60)
         docker("kill", "node0")
         killed = time.time()
@@ -78,11 +90,11 @@ def test_the_first_node_killed_its_standby_takes_the_job_over_on_the_spare(three
     assert processes("node1", job) == "" and processes("node2", job) == ""
 
 
-def test_the_first_node_killed_without_restarts_ends_cleanly_and_resumes_from_the_copy(three: None) -> None:
+def test_the_first_node_killed_without_restarts_ends_cleanly_and_resumes_from_the_copy() -> None:
     job = job_id("firstlost")
     proc = start(job, LONG)
     try:
-        wait_for("step 1000", lambda: step_of(job) > 1000)
+        wait_for("step 1000", lambda: past(proc, job, 1000))
         wait_for("a checkpoint copy on node1", lambda: replicated(job), 60)
         docker("kill", "node0")
         killed = time.monotonic()
@@ -93,9 +105,8 @@ def test_the_first_node_killed_without_restarts_ends_cleanly_and_resumes_from_th
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode not in (0, None)
-    assert "node node0, the job's first node (its supervisor and rank 0), stopped answering" in output, output[
-        -4000:
-    ]
+    said = "node node0, the job's first node (its supervisor and rank 0), stopped answering"
+    assert said in output, output[-4000:]
     assert f"train.yml -e resume=true -e resume_from={job}" in output
     print(f"node1's ranks stopped {stopped:.0f} s after node0 was killed")
     assert stopped < 60
@@ -109,11 +120,11 @@ def test_the_first_node_killed_without_restarts_ends_cleanly_and_resumes_from_th
     assert json.loads((RUNS / resumed / "summary.json").read_text())["world_size"] == 2
 
 
-def test_a_frozen_node_is_lost_within_the_liveness_timeout_and_the_job_finishes_on_the_spare(three: None) -> None:
+def test_a_frozen_node_is_lost_within_liveness_timeout_and_the_job_finishes_on_the_spare() -> None:
     job = job_id("frozen")
     proc = start(job, LONG, "-e", "max_restarts=1", "-e", "liveness_timeout=20")
     try:
-        wait_for("step 1000", lambda: step_of(job) > 1000)
+        wait_for("step 1000", lambda: past(proc, job, 1000))
         docker("pause", "node1")
         frozen = time.time()
         wait_for("the restart", lambda: len(status_of(job).get("restarts") or []) == 1, 120)  # type: ignore[arg-type]
@@ -132,11 +143,11 @@ def test_a_frozen_node_is_lost_within_the_liveness_timeout_and_the_job_finishes_
     wait_for("node1's ranks stopped after the thaw", lambda: processes("node1", job) == "", 60)
 
 
-def test_a_killed_supervisor_fails_the_job_within_seconds_and_leaves_no_rank(three: None) -> None:
+def test_a_killed_supervisor_fails_the_job_within_seconds_and_leaves_no_rank() -> None:
     job = job_id("nosupervisor")
     proc = start(job, LONG)
     try:
-        wait_for("step 200", lambda: step_of(job) > 200)
+        wait_for("step 200", lambda: past(proc, job, 200))
         node_exec("node0", f"pkill -KILL -f 'ddp_cluster[.]supervise --job-dir /workspace/jobs/{job}$'")
         killed = time.monotonic()
         said = ""
@@ -155,3 +166,27 @@ def test_a_killed_supervisor_fails_the_job_within_seconds_and_leaves_no_rank(thr
     assert "the job's supervisor (pid" in output and "on node0) died" in output, output[-4000:]
     assert named < 20 and gone < named + 10 + 5
     assert json.loads((RUNS / job / "status.json").read_text())["state"] == "failed"
+
+
+def test_a_full_disk_under_the_job_directory_ends_the_job_naming_it() -> None:
+    """A small tmpfs mounted over the job's directory inside node0 (the supervisor's and rank 0's), then
+    filled: the status cannot be written; the job ends, named, with no rank left."""
+    job = job_id("fulldisk")
+    proc = start(job, LONG)
+    try:
+        wait_for("step 200", lambda: past(proc, job, 200))
+        pid = docker("inspect", "-f", "{{.State.Pid}}", "node0").stdout.strip()
+        where = f"/workspace/jobs/{job}"
+        fill = f"mount -t tmpfs -o size=64k tmpfs {where} && (dd if=/dev/zero of={where}/filler bs=4k || true)"
+        subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", fill], check=True, capture_output=True)
+        filled = time.monotonic()
+        output = finish(proc, 180)
+        took = time.monotonic() - filled
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        subprocess.run(["nsenter", "-t", pid, "-m", "umount", "-l", where], check=False, capture_output=True)
+    print(f"train.yml ended {took:.0f} s after the disk filled")
+    assert proc.returncode not in (0, None)
+    assert "No space left on device" in output, output[-4000:]
+    wait_for("no rank left", lambda: processes("node0", job) == "" and processes("node1", job) == "", 30)
