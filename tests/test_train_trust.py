@@ -177,7 +177,7 @@ def test_a_full_disk_under_the_job_directory_ends_the_job_naming_it() -> None:
         wait_for("step 200", lambda: past(proc, job, 200))
         pid = docker("inspect", "-f", "{{.State.Pid}}", "node0").stdout.strip()
         where = f"/workspace/jobs/{job}"
-        fill = f"mount -t tmpfs -o size=64k tmpfs {where} && (dd if=/dev/zero of={where}/filler bs=4k || true)"
+        fill = f"mount -t tmpfs -o size=64k tmpfs {where} && (dd if=/dev/zero of={where}/fill bs=4k || true)"
         subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", fill], check=True, capture_output=True)
         filled = time.monotonic()
         output = finish(proc, 180)
