@@ -470,3 +470,13 @@ def test_with_wait_for_nodes_the_claim_is_taken_again_until_the_nodes_are_free(
     assert result["state"] == "succeeded"
     assert said[0] == "job J1: waiting: node1 runs another job: job J0 (nodes node0, node1)"
     assert sum(" --claim " in command for command in node.commands) == 3
+
+
+def test_attach_to_a_job_whose_first_node_is_gone_follows_it_to_its_standby(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([RUNNING.update(standby="node1")])
+    node.down = True
+    result, said = follow(tmp_path, node, interrupt, attach=True, nodes=["node0", "node1"], first="node0")
+    assert result["moved"] == "node1"
+    assert said == ["job J1: no supervisor of the job on node0; following it to its standby node1"]

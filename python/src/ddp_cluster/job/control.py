@@ -187,6 +187,13 @@ class JobControl:
             self.say(f"{label}: followed to {node}, which took the job over ({first.state})")
         elif plan.get("attach"):
             first = self.read()
+            standby = self.standby(first)
+            if standby and (first is None or not first.done) and self.supervisor_not_here():
+                # the first node is gone, or its supervisor: the job is its standby's (or ended there)
+                self.say(
+                    f"{label}: no supervisor of the job on {node}; following it to its standby {standby}"
+                )
+                return {"changed": False, "moved": standby, "status": first.to_dict() if first else {}}
             if first is None:
                 return {
                     "failed": True,
@@ -363,6 +370,14 @@ class JobControl:
                 return None  # an earlier job's status under the same id: not this start's
             return found
         return None
+
+    def supervisor_not_here(self) -> bool:
+        """Whether no supervisor of the job runs on this node (its server or container gone, or it died)."""
+        try:
+            done = self.transport.run(in_container(self.node, supervisor_check(str(self.plan["job_dir"]))))
+        except Unreachable:
+            return True
+        return done.rc != 0 or done.stdout.startswith("dead")
 
     def supervisor_gone(self, status: Status | None) -> bool:
         """Whether the supervisor died: no new status for QUIET seconds and no supervisor of the job runs on
