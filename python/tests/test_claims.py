@@ -109,6 +109,24 @@ def test_the_claim_of_a_job_whose_status_says_it_ended_is_stale_at_once(
     assert jobs.claim(str(root), "J2") is None
 
 
+def test_the_claim_of_a_job_whose_supervisor_here_is_gone_is_stale_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This node was the job's first node, was lost and came back: the job ended or went on elsewhere."""
+    root = tmp_path / "jobs"
+    no_processes(monkeypatch)
+    assert jobs.claim(str(root), "J1") is None
+    (root / "J1").mkdir()
+    alive = Status(state="running", pid=os.getpid(), supervisor_node=socket.gethostname())
+    (root / "J1" / job_status.FILE).write_text(alive.dumps())  # this process is no supervisor of J1
+    assert jobs.claim(str(root), "J2") is None
+    elsewhere = Status(state="running", pid=os.getpid(), supervisor_node="another-node")
+    jobs.release(str(root), "J2")
+    assert jobs.claim(str(root), "J1") is None
+    (root / "J1" / job_status.FILE).write_text(elsewhere.dumps())
+    assert jobs.claim(str(root), "J2") is not None, "a status written elsewhere says nothing of here"
+
+
 def test_an_unreadable_claim_is_nobodys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "jobs"
     root.mkdir()

@@ -149,9 +149,23 @@ def read_claim(jobs_dir: str) -> Claim | None:
 
 
 def _ended(jobs_dir: str, job: str) -> bool:
-    """Whether the job's status here (on its first node) says it ended."""
+    """Whether the job's status here (on its first node) says it ended, or names a supervisor here that is
+    gone (this node was lost and came back: the job ended, or went on elsewhere, without it)."""
     found = job_status.read(Path(jobs_dir, job, job_status.FILE))
-    return found is not None and found.done
+    if found is None:
+        return False
+    if found.done:
+        return True
+    here = found.supervisor_node in ("", socket.gethostname())
+    return here and found.pid is not None and not _supervisor_runs(found.pid, f"{jobs_dir}/{job}")
+
+
+def _supervisor_runs(pid: int, job_dir: str) -> bool:
+    try:
+        line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return False
+    return "ddp_cluster.supervise" in line and job_dir in line
 
 
 def claim_live(
