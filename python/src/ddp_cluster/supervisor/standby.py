@@ -53,15 +53,19 @@ LOG = "standby.log"
 EVERY = 1.0  # seconds between the reporter's lines and the standby's pings
 
 
-def supervisor_alive(job_dir: Path, pid: int | None) -> bool:
-    """Whether process ``pid`` is this job's supervisor (its command line names the job's directory)."""
-    if not pid:
-        return True  # no status yet: the supervisor is starting
-    try:
-        line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return False
-    return "ddp_cluster.supervise" in line and str(job_dir).rstrip("/") in line
+def supervisor_alive(job_dir: Path, pid: int | None = None) -> bool:
+    """Whether this job's supervisor runs here: process ``pid`` when given, else any process whose command
+    line is the supervisor's of this job (the status may be unreadable: a full disk, a mount over it)."""
+    wanted = str(job_dir).rstrip("/")
+    candidates = [str(pid)] if pid else [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    for entry in candidates:
+        try:
+            line = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if "ddp_cluster.supervise " in line and line.rstrip().endswith(wanted):
+            return True
+    return False
 
 
 def report(
@@ -90,7 +94,7 @@ def report(
             out.write("done\n")
             out.flush()
             return
-        out.write(("alive" if supervisor_alive(job_dir, current.pid if current else None) else "gone") + "\n")
+        out.write(("alive" if supervisor_alive(job_dir) else "gone") + "\n")
         out.flush()
         time.sleep(every)
 
