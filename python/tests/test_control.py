@@ -480,3 +480,29 @@ def test_attach_to_a_job_whose_first_node_is_gone_follows_it_to_its_standby(
     result, said = follow(tmp_path, node, interrupt, attach=True, nodes=["node0", "node1"], first="node0")
     assert result["moved"] == "node1"
     assert said == ["job J1: no supervisor of the job on node0; following it to its standby node1"]
+
+
+def test_a_standby_where_nothing_of_the_job_runs_ends_the_follow_at_once(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([None])
+    original = node.run
+
+    def run(command: str) -> Done:
+        if "pgrep -f -E" in command and "supervisor[.]standby" in command:
+            node.commands.append(command)
+            return Done(0, "no\n")
+        return original(command)
+
+    node.run = run  # type: ignore[method-assign]
+    clock = Clock()
+    changes = {
+        "attach": True,
+        "follow": True,
+        "first": "node0",
+        "host_dirs": {"node1": "/srv/ddp/node1/jobs/J1"},
+    }
+    job = JobControl(plan(tmp_path, **changes), "node1", node, [].append, interrupt, clock, clock.sleep)
+    result = job.run()
+    assert result["state"] == "failed" and "no node took it over" in result["status"]["reason"]
+    assert clock.now - 1000.0 <= 3

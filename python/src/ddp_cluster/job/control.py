@@ -155,6 +155,9 @@ class JobControl:
         self.status_file = f"{self.plan['host_dirs'][self.node]}/{job_status.FILE}"
         self.first_lost = False
         self.supervisor_dead = ""  # the dead supervisor's last words, once found dead
+        self.nobody = (
+            False  # followed to the standby: neither a standby nor a supervisor of the job runs there
+        )
         self.start_id = str((self.plan.get("spec") or {}).get("start_id") or "")
         self._last_updated: float | None = None
         self._changed_at = self._probed_at = self._checked_at = self.clock()
@@ -174,10 +177,12 @@ class JobControl:
             first = self.await_takeover()
             if first is None:
                 reason = (
-                    f"the job's first node was lost and {node}, its standby, did not take the job over within"
-                    f" {self.takeover_bound:g} s (no status of its own in {self.status_file});"
-                    " `ansible-playbook jobs.yml` lists the cluster's jobs"
-                )
+                    f"no supervisor of the job runs on its first node {plan['first']} nor on its standby"
+                    f" {node}: the job ended without its supervisor and no node took it over"
+                    if self.nobody
+                    else f"the job's first node was lost and {node}, its standby, did not take the job over"
+                    f" within {self.takeover_bound:g} s (no status of its own in {self.status_file})"
+                ) + "; `ansible-playbook jobs.yml` lists the cluster's jobs"
                 self.say(f"{label}: {reason}")
                 lost = (str(plan["first"]),)
                 # this node's results are the run's (the checkpoint copies): the report lays them out
@@ -243,14 +248,29 @@ class JobControl:
         return nodes[1] if len(nodes) > 1 and nodes[0] == self.node else ""
 
     def await_takeover(self) -> Status | None:
-        """This node (the standby) took the job over: its own status, once it wrote one."""
+        """This node (the standby) took the job over: its own status, once it wrote one. None when the bound
+        passed, or at once when neither a standby nor a supervisor of the job runs here (twice in a row: the
+        job ended without its supervisor, and no node takes it over)."""
         deadline = self.clock() + self.takeover_bound
+        pattern = shlex.quote(
+            f"ddp_cluster[.]supervis(e|or[.]standby) .*--job-dir {self.plan['job_dir']}( |$)"
+        )
+        check = in_container(self.node, f"pgrep -f -E {pattern} >/dev/null && echo yes || echo no")
+        idle = 0
         while self.clock() < deadline:
             if self.interrupt.exists():
                 return None
             found = self.read()
             if found is not None and found.supervisor_node == self.node:
                 return found
+            try:
+                here = self.transport.run(check).stdout.strip()
+            except Unreachable:
+                here = "no"
+            idle = idle + 1 if here == "no" else 0
+            if idle >= 2:
+                self.nobody = True
+                return None
             self.sleep(1.0)
         return None
 
