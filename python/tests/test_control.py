@@ -489,7 +489,7 @@ def test_a_standby_where_nothing_of_the_job_runs_ends_the_follow_at_once(
     original = node.run
 
     def run(command: str) -> Done:
-        if "pgrep -f -E" in command:
+        if "pgrep -f" in command and "supervis(e|or" in command:
             node.commands.append(command)
             return Done(0, "no\n")
         return original(command)

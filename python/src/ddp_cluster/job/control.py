@@ -255,7 +255,7 @@ class JobControl:
         pattern = shlex.quote(
             f"ddp_cluster[.]supervis(e|or[.]standby) .*--job-dir {self.plan['job_dir']}( |$)"
         )
-        check = in_container(self.node, f"pgrep -f -E {pattern} >/dev/null && echo yes || echo no")
+        check = in_container(self.node, f"pgrep -f {pattern} >/dev/null && echo yes || echo no")
         idle = 0
         while self.clock() < deadline:
             if self.interrupt.exists():
