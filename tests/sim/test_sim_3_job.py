@@ -94,7 +94,7 @@ def test_a_killed_server_is_recovered_on_the_other_within_90s(sim_cluster: Playb
     wait_engine("sim-server1")
 
 
-def test_the_first_server_killed_its_standby_takes_the_job_over_within_90s(sim_cluster: PlaybookResult) -> None:
+def test_the_first_server_killed_its_standby_takes_over_within_90s(sim_cluster: PlaybookResult) -> None:
     """max_restarts=1 with min_nodes=1: sim-server0 (the job's first node: rank 0 and the supervisor) killed
     mid-job, the standby on sim-server1 takes the job over from the checkpoint copy it holds, and the
     controller follows it there to its end."""
