@@ -127,6 +127,23 @@ def test_the_claim_of_a_job_whose_supervisor_here_is_gone_is_stale_at_once(
     assert jobs.claim(str(root), "J2") is not None, "a status written elsewhere says nothing of here"
 
 
+def test_a_claim_older_than_the_nodes_own_start_is_stale_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node (its container) was lost and started again: nothing of the claiming job runs here."""
+    root = tmp_path / "jobs"
+    no_processes(monkeypatch)
+    assert jobs.claim(str(root), "J1") is None
+    assert jobs.claim(str(root), "J2") is not None, "within its grace"
+    monkeypatch.setattr(jobs, "node_started", lambda: time.time() + 1)
+    assert jobs.claim(str(root), "J2") is None
+
+
+def test_the_nodes_start_is_read_from_its_first_process() -> None:
+    started = jobs.node_started()
+    assert 0 < started <= time.time()
+
+
 def test_an_unreadable_claim_is_nobodys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "jobs"
     root.mkdir()

@@ -178,7 +178,24 @@ def claim_live(
         return True
     if _ended(jobs_dir, found.job):
         return False
+    if found.written < node_started():  # the node (its container) started again since: nothing of it runs
+        return False
     return (time.time() if now is None else now) - found.written < CLAIM_GRACE
+
+
+def node_started() -> float:
+    """When this node's container started (its first process's start), in epoch seconds; 0 when unknown."""
+    try:
+        fields = Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # starttime, field 22 of proc(5): clock ticks after the machine's boot
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0.0
 
 
 @contextlib.contextmanager
