@@ -447,6 +447,10 @@ def test_the_supervisor_check_says_alive_or_dead_with_its_last_words(tmp_path: P
     assert out.startswith("dead\n")
     assert control.last_words_of(out) == "status.json could not be written / line 1 / Traceback: boom"
     assert control.last_words_of("dead\n") == "it said nothing (killed, or it crashed at start)"
+    hidden = subprocess.run(  # its folder unreadable (a full disk, a mount over it): still an answer
+        ["/bin/sh", "-c", control.supervisor_check(str(tmp_path / "gone"))], capture_output=True, text=True
+    )
+    assert hidden.returncode == 0 and hidden.stdout.startswith("dead")
 
 
 REFUSED = {"claimed": False, "node": "node1", "job": "J0", "nodes": ["node0", "node1"]}
