@@ -335,9 +335,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _sweep_everywhere(job_dir: Path, status: dict[str, Any]) -> None:
-    """The supervisor died: stop the job's processes on every node of the attempt."""
+    """The supervisor died: stop the job's processes on every node of the attempt and release the job's
+    claims there (no supervisor is left to), so that the nodes are free for the next job at once."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from ddp_cluster.supervisor import jobs
     from ddp_cluster.supervisor.remote import Mesh
 
     me = os.uname().nodename
@@ -346,6 +348,7 @@ def _sweep_everywhere(job_dir: Path, status: dict[str, Any]) -> None:
     mesh = Mesh(me)
     with ThreadPoolExecutor(max_workers=max(1, min(64, len(others) + 1))) as pool:
         mesh.sweep([me, *others], f"{job_dir}/", pool)
+        jobs.release_all(mesh, [me, *others], job_dir.name, str(job_dir.parent), pool)
 
 
 if __name__ == "__main__":
