@@ -623,6 +623,19 @@ def sweep_node(
         run(["pkill", "-KILL", "-f", "--", pattern])
 
 
+def release_claim(job_dir: str) -> None:
+    """This node's claim of the job, released once its processes here were swept (its parent is gone or its
+    attempt ended: a node cut off from its job, thawed later, is free for the next job at once; a restart's
+    supervisor claims its nodes again before it launches)."""
+    try:
+        from ddp_cluster.supervisor import jobs  # here: only when sweeping (jobs imports this module)
+
+        folder = job_dir.rstrip("/")
+        jobs.release(folder.rsplit("/", 1)[0], folder.rsplit("/", 1)[-1])
+    except Exception as error:  # a claim left behind goes stale by itself
+        print(f"liveness: the claim of {job_dir} was not released: {error}", file=sys.stderr, flush=True)
+
+
 def _run(argv: list[str]) -> int:
     try:
         done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
@@ -733,8 +746,13 @@ def main(
         record=parent_record(args.tag) if args.tag else None,
     )
     threading.Thread(target=parent.follow, args=(stdin,), daemon=True).start()
-    sweep = (lambda: sweep_node(args.tag, run, proceed=lambda: not parent.superseded())) if args.tag else None
-    serve(watch, args.every, stdout, parent, sweep, lock)
+
+    def sweep() -> None:
+        sweep_node(args.tag, run, proceed=lambda: not parent.superseded())
+        if args.job_dir and not parent.superseded():
+            release_claim(str(args.job_dir))
+
+    serve(watch, args.every, stdout, parent, sweep if args.tag else None, lock)
     return 0
 
 
