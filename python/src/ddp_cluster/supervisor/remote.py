@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from ddp_cluster.job import node_jobs
 from ddp_cluster.supervisor.failures import Failure
@@ -84,20 +85,7 @@ class Mesh:
         command = f"mkdir -p {shlex.quote(str(where))} && tar -xzf - -C {shlex.quote(str(where))}"
 
         def give(node: str) -> str:
-            try:
-                done = subprocess.run(
-                    [*self.ssh(node), command],
-                    input=data,
-                    capture_output=True,
-                    timeout=DISTRIBUTE_TIMEOUT,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired:
-                return f"no answer within {DISTRIBUTE_TIMEOUT} s"
-            if done.returncode == 0:
-                return ""
-            said = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
-            return (said[-1] if said else "") or f"ssh exited with status {done.returncode}"
+            return self.send(node, command, data, DISTRIBUTE_TIMEOUT)
 
         for node, error in zip(nodes, pool.map(give, nodes), strict=True):
             if error:
@@ -108,6 +96,24 @@ class Mesh:
                     lost=(node,) if down == "down" else (),
                 )
         return None
+
+    def send(self, node: str, command: str, stdin: bytes | BinaryIO, timeout: float) -> str:
+        """Run ``command`` on ``node`` with ``stdin`` as its input (bytes, or a file ssh reads itself, never
+        held in memory); '' when it succeeded, else what went wrong ("no answer within N s" past the
+        bound)."""
+        feed: dict[str, Any] = {"input": stdin} if isinstance(stdin, bytes) else {"stdin": stdin}
+        try:
+            done = subprocess.run(
+                [*self.ssh(node), command], capture_output=True, timeout=timeout, check=False, **feed
+            )
+        except subprocess.TimeoutExpired:
+            return f"no answer within {timeout:.0f} s"
+        except OSError as error:
+            return f"ssh could not start: {error}"
+        if done.returncode == 0:
+            return ""
+        said = (done.stderr or done.stdout).decode("utf-8", errors="replace").strip().splitlines()
+        return (said[-1][:300] if said else "") or f"ssh exited with status {done.returncode}"
 
     def sweep(
         self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor, grace: float = STOP_GRACE

@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Sequence
@@ -114,22 +113,7 @@ class MeshTransport:
 
     def send(self, node: str, source: BinaryIO, command: str, timeout: float) -> str:
         # ssh reads the file itself (stdin is the file): the checkpoint is never held in memory here.
-        try:
-            done = subprocess.run(
-                [*self.mesh.ssh(node), command],
-                stdin=source,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return f"no answer within {timeout:.0f} s"
-        except OSError as error:
-            return f"ssh could not start: {error}"
-        if done.returncode == 0:
-            return ""
-        said = (done.stderr or done.stdout).decode("utf-8", errors="replace").strip().splitlines()
-        return (said[-1][:300] if said else "") or f"ssh exited with status {done.returncode}"
+        return self.mesh.send(node, command, source, timeout)
 
 
 @dataclass
