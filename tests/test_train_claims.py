@@ -8,25 +8,26 @@ Run under the local cluster's lock: flock /tmp/ddp-local.lock pytest tests/test_
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_train_lifecycle import (  # noqa: F401 (three: the fixture every test here uses)
+    LONG,
+    NODES,
+    THREE,
+    finish,
+    processes,
+    three,
+)
 
-from conftest import REPO, STATE_DIR, PlaybookResult, docker, node_exec, run_playbook, start_train
+from conftest import REPO, STATE_DIR, node_exec, run_playbook, start_train
 
-THREE = {"DDP_LOCAL_NODES": "3"}
 RUNS = REPO / "runs"
+pytestmark = pytest.mark.usefixtures("three")
 QUICK = "--dataset digits --epochs 4 --batch-size 32 --lr 0.05"
-# About 20 s of digits on two nodes: the first job still runs when the second one starts.
-LONG = "--dataset digits --epochs 200 --batch-size 32 --lr 0.05 --log-every 10 --checkpoint-every 50"
-NODES = ("node0", "node1", "node2")
 
 
 def job_id(name: str) -> str:
@@ -42,34 +43,7 @@ def snapshot(folder: Path) -> dict[str, int]:
     return {str(path.relative_to(folder)): path.stat().st_mtime_ns for path in folder.rglob("*")}
 
 
-def processes(node: str, job: str) -> str:
-    return node_exec(node, f"pgrep -af '[/]workspace/jobs/{job}/' || true", check=False).stdout.strip()
-
-
-def running_nodes() -> set[str]:
-    out = docker("ps", "--format", "{{.Names}}", check=False).stdout.split()
-    return {node for node in NODES if node in out}
-
-
-@pytest.fixture
-def three(local_cluster: PlaybookResult) -> Iterator[None]:
-    """Three node containers up (site.yml brings back any that a test killed)."""
-    if running_nodes() != set(NODES):
-        result = run_playbook("site.yml", env=THREE)
-        assert result.rc == 0, result.stdout[-4000:]
-    yield
-
-
-def finish(proc: subprocess.Popen[str], seconds: float = 300) -> str:
-    try:
-        output, _ = proc.communicate(timeout=seconds)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    return output
-
-
-def test_a_job_id_used_twice_is_refused_naming_it_and_the_first_run_is_left_as_it_was(three: None) -> None:
+def test_a_job_id_used_twice_is_refused_naming_it_and_the_first_run_is_left_as_it_was() -> None:
     job = job_id("twice")
     first = run_playbook("train.yml", extravars={"job_id": job, "nodes": 2, "script_args": QUICK}, env=THREE)
     assert first.rc == 0, first.stdout[-4000:]
@@ -101,10 +75,10 @@ def test_a_job_id_used_twice_is_refused_naming_it_and_the_first_run_is_left_as_i
     assert snapshot(run) == before
 
 
-def test_two_jobs_started_together_on_the_same_nodes_one_runs_the_other_is_refused(three: None) -> None:
+def test_two_jobs_started_together_on_the_same_nodes_one_runs_the_other_is_refused() -> None:
     jobs = [job_id("a"), job_id("b")]
     procs = [start_train(job, LONG, env=THREE) for job in jobs]
-    outputs = [finish(proc) for proc in procs]
+    outputs = [finish(proc, 300) for proc in procs]
     codes = [proc.returncode for proc in procs]
     assert codes.count(0) == 1, f"{codes}\n{outputs[0][-3000:]}\n---\n{outputs[1][-3000:]}"
     winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
@@ -123,7 +97,7 @@ def test_two_jobs_started_together_on_the_same_nodes_one_runs_the_other_is_refus
         assert claim == "", f"{node} still holds a claim after its job ended: {claim}"
 
 
-def test_wait_true_waiters_start_one_after_the_other(three: None) -> None:
+def test_wait_true_waiters_start_one_after_the_other() -> None:
     """A detached job holds node0 and node1; two waiters for the same nodes: once it ends, one starts and
     the other waits for that one's end (a waiter never shares a node)."""
     holder = job_id("holder")
