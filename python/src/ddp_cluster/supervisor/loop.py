@@ -274,7 +274,11 @@ class Supervisor:
 
     def renew_claims(self, pool: ThreadPoolExecutor) -> list[str]:
         """The job's claim on each of its nodes, taken again before a launch (its grace starts anew); the
-        nodes another job took meanwhile."""
+        nodes another job took meanwhile. Not before the first launch of a job its start claimed moments
+        ago (that claim stands for half its grace): after a restart, a takeover or a long hand-out."""
+        fresh = time.time() - self.started < node_claims.CLAIM_GRACE / 2
+        if fresh and not self.restarts:
+            return []
         jobs_dir = node_jobs.jobs_dir(str(self.job_dir))
         refused = node_claims.renew_all(self.mesh, self.nodes, self.spec.id, jobs_dir, pool)
         return sorted(node for node, answer in refused.items() if answer.get("job"))
