@@ -74,22 +74,17 @@ def report(
     """The reporter, on the first node: the status whenever it changes and ``alive``/``gone`` every
     ``every`` seconds, until the job ended (after saying so) or the standby was silent for ``timeout``."""
     path = job_dir / job_status.FILE
-    shown = ""
+    shown, current = "", None  # the file's text last said, and the status it holds
     while time.time() - pings() < timeout:
         try:
             text = path.read_text(encoding="utf-8")
         except OSError:
             text = ""
-        found = None
         if text and text != shown:
-            try:
-                found = job_status.loads(text)
-            except job_status.StatusError:
-                found = None
-            if found is not None:
-                out.write("status " + json.dumps(found.to_dict(), separators=(",", ":")) + "\n")
+            with contextlib.suppress(job_status.StatusError):  # a torn read: the next one is whole
+                current = job_status.loads(text)
+                out.write("status " + json.dumps(current.to_dict(), separators=(",", ":")) + "\n")
                 shown = text
-        current = job_status.read(path)
         if current is not None and current.done:
             out.write("done\n")
             out.flush()
