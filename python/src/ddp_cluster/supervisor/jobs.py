@@ -67,6 +67,7 @@ from ddp_cluster.files import write_atomic
 from ddp_cluster.job import node_jobs
 from ddp_cluster.job import status as job_status
 from ddp_cluster.supervisor.remote import POOL, Mesh
+from ddp_cluster.supervisor.standby import supervisor_alive
 
 JOB_ID = node_jobs.JOB_ID.pattern
 # The newest jobs listed per node (by their directory's time), besides those that run.
@@ -157,15 +158,7 @@ def _ended(jobs_dir: str, job: str) -> bool:
     if found.done:
         return True
     here = found.supervisor_node in ("", socket.gethostname())
-    return here and found.pid is not None and not _supervisor_runs(found.pid, f"{jobs_dir}/{job}")
-
-
-def _supervisor_runs(pid: int, job_dir: str) -> bool:
-    try:
-        line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return False
-    return "ddp_cluster.supervise" in line and job_dir in line
+    return here and found.pid is not None and not supervisor_alive(Path(jobs_dir, job), found.pid)
 
 
 def claim_live(
