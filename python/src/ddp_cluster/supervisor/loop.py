@@ -166,7 +166,6 @@ class Supervisor:
         self.stop_reason = "the job was stopped (the supervisor received a signal)"
         self.interrupted = ""  # the reason of a stop asked from the controller
         self.progress_at_restart: Any = None
-        self.took_over_from = ""  # the first node this supervisor took the job over from, if any
         self.outlived = False  # another node took this job over while this one was cut off
         self._next_ranks_check = 0.0
         # Rank 0's checkpoints copied off this node (supervisor.replicas), to the job's next nodes.
@@ -362,7 +361,6 @@ class Supervisor:
         """The job, taken over on this node (its standby) after its first node ``first`` was lost: what is
         left of the attempt stopped, then a restart here (rank 0 and the master address move here) within
         max_restarts; else the job ends, every rank stopped, the checkpoint copies kept."""
-        self.took_over_from = first
         last_words(self.job_dir)
         mirrored = status.read(self.job_dir / standby.FOLDER / STATUS_FILE) or Status()
         self.restarts = [dict(record) for record in mirrored.restarts]
