@@ -15,6 +15,9 @@ Plans built from the inventory (every host of the group contributes one server):
 Hosts: ``hostvars | ddp_node_addresses(hosts)`` (where each node is reached, as IP addresses),
 ``hostvars | ddp_ssh_targets(hosts)`` (the controller's ssh argv per server); ``ddp_port_ranges`` (port lists
 merged as the kernel writes them).
+
+Settings that export variables: ``{'node_container_env': node_container_env} | ddp_env_name_problems`` (a
+message naming each name that is not a shell name, '' when none).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
 from ddp_cluster.ascend import ports
 from ddp_cluster.errors import DdpClusterError
-from ddp_cluster.inventory import hostvars, npu
+from ddp_cluster.inventory import envnames, hostvars, npu
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,6 +62,7 @@ hccn_device_settings = _filter(npu.device_settings)
 port_ranges = _filter(ports.port_ranges)
 node_addresses = _filter(hostvars.node_addresses)
 ssh_targets = hostvars.ssh_targets
+env_name_problems = envnames.check_names  # never raises: a message, '' when every name is one
 
 
 class FilterModule:
@@ -72,4 +76,5 @@ class FilterModule:
             "ddp_port_ranges": port_ranges,
             "ddp_node_addresses": node_addresses,
             "ddp_ssh_targets": ssh_targets,
+            "ddp_env_name_problems": env_name_problems,
         }

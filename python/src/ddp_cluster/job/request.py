@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.inventory import envnames
 
 PREFIX = "ddp_job_"
 # The extra var a user types for each of the role's variables (ddp_job_<name>: what its default in
@@ -48,6 +49,8 @@ USER_NAMES = {
     "liveness_timeout": "liveness_timeout",
     "stall_timeout": "stall_timeout",
     "stall_start_timeout": "stall_start_timeout",
+    "secret_env": "secret_env",
+    "workdir_follow_links": "workdir_follow_links",
 }
 FLAGS = ("true", "false", "yes", "no", "1", "0")
 NUMBER = re.compile(r"^[0-9]+([.][0-9]+)?$")
@@ -61,6 +64,14 @@ HEALTH_SETTINGS = (
     "seconds_per_size",
     "timeout",
 )
+# The options of the package's entrypoint (python -m ddp_cluster.train) that the launcher sets itself
+# (JobSpec.program), and what a user sets instead. argparse takes any unambiguous prefix (--out, --res).
+LAUNCHER_OWNED = {
+    "--output-dir": "the launcher sets it to the job's output directory, collected into runs/ID/output/ on"
+    " the controller: remove it (a script of your own reads $DDP_JOB_DIR/output)",
+    "--resume": "the launcher sets it: resume with -e resume=true (the newest checkpoint) or"
+    " -e resume_from=JOB_ID",
+}
 
 
 class PlanError(DdpClusterError, ValueError):
@@ -98,7 +109,8 @@ def _choices(values: Sequence[Any]) -> str:
 def check_request(request: Mapping[str, Any], options: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The request's values against the role's argument_specs options (``ddp_job_<name>``: type, choices):
     one problem per value that does not fit, naming what the user sets. ``raw`` options are checked by the
-    plan."""
+    plan, but for two rules of one value each: env's names are shell names, and a training job's
+    script_args leave the entrypoint's launcher its own options (:data:`LAUNCHER_OWNED`)."""
     problems = []
     for option, spec in options.items():
         name = option.removeprefix(PREFIX)
@@ -117,7 +129,40 @@ def check_request(request: Mapping[str, Any], options: Mapping[str, Mapping[str,
             problems.append(f"{shown}={value} must be a whole number")
         elif kind in ("str", "path") and not isinstance(value, str | int | float):
             problems.append(f"{shown} must be a string, not {value!r}")
-    return problems
+    if isinstance(request.get("env"), Mapping):
+        problems += envnames.name_problems(request["env"], user_name("env"))
+    return problems + launcher_owned_problems(request)
+
+
+def owned_option(argument: str) -> str:
+    """The entrypoint option the launcher owns that ``argument`` sets (``--output-dir``, ``--out=X``,
+    ``--resume``), '' when none."""
+    name = argument.split("=", 1)[0]
+    if len(name) < 3 or not name.startswith("--"):
+        return ""
+    return next((option for option in LAUNCHER_OWNED if option.startswith(name)), "")
+
+
+def launcher_owned_problems(request: Mapping[str, Any]) -> list[str]:
+    """The entrypoint's options that a training job's script_args set although the launcher owns them (a
+    script of the user's own owns all its options)."""
+    if request.get("kind", "train") != "train" or request.get("script") or "script_args" not in request:
+        return []
+    try:
+        args = split_args(request["script_args"])
+    except PlanError:  # the plan's own split names it
+        return []
+    owned: dict[str, str] = {}  # option -> the first argument that sets it
+    for argument in args:
+        if argument == "--":  # what follows is no option
+            break
+        if (option := owned_option(argument)) and option not in owned:
+            owned[option] = argument
+    return [
+        f"script_args sets {option} ({argument}), which the entrypoint's launcher owns:"
+        f" {LAUNCHER_OWNED[option]}"
+        for option, argument in owned.items()
+    ]
 
 
 def whole_number(value: Any, name: str, minimum: int = 1) -> tuple[int | None, str]:
