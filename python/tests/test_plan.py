@@ -112,9 +112,13 @@ def refused(tmp_path: Path, inv: Inventory | None = None, **changes: Any) -> str
     return str(error.value)
 
 
-def exported(argv: list[str]) -> dict[str, str]:
-    pairs = [argv[i + 1] for i, part in enumerate(argv) if part == "-x" and "=" in argv[i + 1]]
-    return dict(pair.split("=", 1) for pair in pairs)
+def exported(spec: job.JobSpec) -> dict[str, str]:
+    """What the launcher exports to every rank: the names its command line holds (-x NAME, never a value),
+    with their values in its environment (the spec's variables)."""
+    argv = spec.launch_argv()
+    names = [argv[i + 1] for i, part in enumerate(argv) if part == "-x"]
+    assert not [name for name in names if "=" in name], "a value on mpirun's command line"
+    return {name: spec.variables()[name] for name in names if name in spec.variables()}
 
 
 def mca(argv: list[str], name: str) -> str:
@@ -303,7 +307,7 @@ def test_the_gate_runs_the_jobs_launcher_and_environment_with_its_own_settings(t
             gate_argv[: gate_argv.index("ddp_cluster.gate") - 1]
             == job_argv[: job_argv.index("ddp_cluster.train") - 1]
         )
-        assert gate.spec.timeout == 300 and exported(gate_argv)["NCCL_DEBUG"] == "INFO"
+        assert gate.spec.timeout == 300 and exported(gate.spec)["NCCL_DEBUG"] == "INFO"
 
 
 def test_an_npu_job_gets_its_own_rank_table_and_its_gate_the_ping_targets(tmp_path: Path) -> None:
@@ -311,7 +315,7 @@ def test_an_npu_job_gets_its_own_rank_table_and_its_gate_the_ping_targets(tmp_pa
     made = make(tmp_path, inv, device="npu", nodes="2", nproc_per_node=2)
     table = json.loads(made.rank_table)
     assert table["server_count"] == "2" and table["server_list"][0]["server_id"] == "10.0.0.10"
-    assert exported(made.spec.launch_argv())["RANK_TABLE_FILE"] == f"{JOB_DIR}/rank_table.json"
+    assert exported(made.spec)["RANK_TABLE_FILE"] == f"{JOB_DIR}/rank_table.json"
     gate = make(tmp_path, inv, device="npu", nproc_per_node=2, kind="check")
     assert [(t["device"], t["peer"], t["address"]) for t in gate.ping["s0"]] == [
         (0, "s1", "192.168.100.111"),

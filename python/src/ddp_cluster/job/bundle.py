@@ -41,25 +41,38 @@ def pack_project(
     base_id: str,
     previous: Mapping[str, Any],
     pack: bool,
+    follow_links: bool = False,
 ) -> dict[str, Any]:
     """The project packed into ``job_runs``/workdir.tar.gz, or the packing of ``previous`` (the plan of the
-    job's health gate) when it packed the same project; without ``pack`` (check mode) nothing is written."""
+    job's health gate) when it packed the same project the same way; without ``pack`` (check mode) nothing
+    is written. ``follow_links``: a link to outside the project is packed as what it points to (else
+    refused)."""
     archive = job_runs / WORKDIR_ARCHIVE
     before = previous.get("packed") or {}
     if (
         previous.get("base_id") == base_id
         and before.get("workdir") == project
         and before.get("script") == script
+        and bool(before.get("follow_links")) == follow_links
         and archive.is_file()
     ):
         return {**before, "reused": True}
     if not pack:
-        return {"files": 0, "bytes": 0, "script": script, "workdir": project, "reused": False}
+        return {
+            "files": 0,
+            "bytes": 0,
+            "script": script,
+            "workdir": project,
+            "follow_links": follow_links,
+            "reused": False,
+        }
     try:
-        summary = workdir.pack(Path(project), script, archive, int(max_mb * 2**20))
+        summary = workdir.pack(
+            Path(project), script, archive, int(max_mb * 2**20), follow_links=follow_links
+        )
     except workdir.WorkdirError as error:
         raise PlanError([f"{error}; nothing was started"]) from None
-    return {**summary, "workdir": project, "reused": False}
+    return {**summary, "workdir": project, "follow_links": follow_links, "reused": False}
 
 
 def bundle_bytes(plan: Plan) -> bytes:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.ascend import ranktable
+from ddp_cluster.job import secrets
 from ddp_cluster.job import spec as job
 from ddp_cluster.job.bundle import BUNDLE, PLAN_FILE, WORKDIR_ARCHIVE, load, pack_project, write_files
 from ddp_cluster.job.records import RECORDS_DIR, NodeRecord, node_record, read_records
@@ -80,6 +81,9 @@ class Inventory:
     cwd: str = "."  # where relative paths of the request are resolved (the playbook's working directory)
     previous: Mapping[str, Any] = field(default_factory=dict)  # the plan made before, in this run (a gate's)
     gate_passed: str = ""  # the id of the health gate that passed in this run
+    # The variables set (not empty) in the controller's environment: each of secret_env's must be; the plan
+    # keeps no value (the start reads them).
+    env_names: frozenset[str] = frozenset()
     now: float | None = None  # for the job's id (default: time.time())
 
 
@@ -280,6 +284,8 @@ class _Checked:
     script: str  # as the user gave it: a path on the controller, or inside the project
     project: str  # the project directory as given (workdir), empty: none
     max_mb: str
+    follow_links: bool  # the project's links to outside it are packed as what they point to
+    secret_env: list[str]  # the names of the job's secrets (their values: the controller's environment)
     script_path: Path | None  # the script on the controller (no project)
     runs_dir: Path
     checkpoint: str  # the checkpoint on the controller to resume from, empty: none
@@ -330,6 +336,13 @@ def _check(
     wait_for_nodes = flag(request["wait_for_nodes"], "wait_for_nodes", problems)
     gate_args, gate_problems = health_args(request)
     problems += gate_problems
+    follow_links = flag(request["workdir_follow_links"], "workdir_follow_links", problems)
+    secret_env, secret_problems = secrets.parse_names(request["secret_env"])
+    env = request["env"] if isinstance(request["env"], Mapping) else {}
+    secret_problems = secret_problems or secrets.name_problems(secret_env, [str(name) for name in env])
+    if absent := [name for name in secret_env if name not in inventory.env_names and not secret_problems]:
+        secret_problems.append(secrets.missing_message(absent))
+    problems += secret_problems
     script = str(request["script"] or "")
     project = str(request["workdir"] or "")
     max_mb = str(request["workdir_max_mb"]).strip()
@@ -370,6 +383,8 @@ def _check(
         script=script,
         project=project,
         max_mb=max_mb,
+        follow_links=follow_links,
+        secret_env=secret_env,
         script_path=script_path,
         runs_dir=runs_dir,
         checkpoint=checkpoint,
@@ -438,6 +453,7 @@ def make_plan(
         "resume": bool(checkpoint),
         "launcher_ports": str(request.get("launcher_ports") or ""),
         "env": request["env"] or {},
+        "secret_env": [] if gate else asked.secret_env,  # the gate runs no user code
         "mpirun_args": list(request["mpirun_args"] or []),
         "max_restarts": 0 if gate else asked.max_restarts,
         "min_nodes": 0 if gate else asked.min_nodes,
@@ -476,6 +492,7 @@ def make_plan(
             base_id,
             inventory.previous,
             pack,
+            follow_links=asked.follow_links,
         )
     return Plan(
         spec=spec,

@@ -47,6 +47,7 @@ def inventory(variables: Mapping[str, Any], value: Value, npu_plan: Mapping[str,
         cwd=os.getcwd(),
         previous=variables.get("_ddp_job_plan") or {},
         gate_passed=str(variables.get("_ddp_job_gate_passed") or ""),
+        env_names=frozenset(name for name, set_to in os.environ.items() if set_to),
     )
 
 

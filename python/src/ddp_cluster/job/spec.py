@@ -23,7 +23,7 @@ from typing import Any
 
 from ddp_cluster.accelerators import ACCELERATORS, DEVICE_BACKEND
 from ddp_cluster.errors import DdpClusterError
-from ddp_cluster.job import results
+from ddp_cluster.job import results, secrets
 from ddp_cluster.runtime.distenv import DEFAULT_MASTER_PORT
 
 # Open MPI's daemon wire-up (launch_argv): ssh sessions mpirun keeps in flight, and the fan-out of each level
@@ -77,6 +77,9 @@ class JobSpec:
     master_port: int = field(default=DEFAULT_MASTER_PORT, metadata=_bounds(1, 65535))
     launcher_ports: str = ""
     env: Mapping[str, str] = field(default_factory=dict)  # variable name -> value
+    # Variables whose values are secret: names only here; the values reach the ranks through JOB/secrets.json
+    # (ddp_cluster.job.secrets).
+    secret_env: tuple[str, ...] = ()
     mpirun_args: tuple[str, ...] = ()
     poll: float = field(default=0.5, metadata=_bounds(0, exclusive=True))
     # Recovery (the supervisor's, on the cluster): restarts after a curable failure, the fewest nodes to go on
@@ -159,6 +162,9 @@ class JobSpec:
             )
         if overlap := sorted(set(self.spares) & set(self.nodes)):
             raise JobSpecError(f"spares={list(self.spares)} names the job's own node(s) {', '.join(overlap)}")
+        owned = set(self.variables()) - set(self.env)
+        if problems := secrets.name_problems(self.secret_env, self.env, owned):
+            raise JobSpecError(problems[0])
 
     # --- what it implies ---------------------------------------------------------------------------------
     @property
@@ -239,7 +245,9 @@ class JobSpec:
         (orte_abort_on_non_zero_status). ``networks`` keep mpirun's traffic on the cluster network, each node
         on its own interface; ``launcher_ports`` pins the ports mpirun's daemons listen on, so that a firewall
         can let exactly those through. Per-node settings (interfaces, HCCL_IF_IP) come from each node's own
-        environment file."""
+        environment file. The ranks' variables (:meth:`variables`, ``env`` among them) are named here, ``-x
+        NAME``, their values in mpirun's own environment (the supervisor's launch): a value on a command
+        line is anyone's to read in ``ps``."""
         if not self.networks:
             raise JobSpecError("no cluster network: the nodes' probe found no address on their interface")
         included = ",".join(self.networks)
@@ -264,8 +272,8 @@ class JobSpec:
         argv += ["--output-filename", f"{self.job_dir}/{results.LOGS}", "--merge-stderr-to-stdout"]
         argv += ["--wdir", self.working_directory()]
         argv += ["-x", "PATH", "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
-        for name, value in sorted(self.variables().items()):
-            argv += ["-x", f"{name}={value}"]
+        for name in sorted(self.variables()):
+            argv += ["-x", name]
         if not self.agents:
             argv += ["-np", str(self.world_size), "--map-by", "slot", *self.mpirun_args, "python"]
             return argv + self.program()

@@ -8,7 +8,8 @@ unmodified script that calls ``init_process_group("env://")`` just works. ``-m M
 When ``DDP_DEVICE`` names an accelerator (train.yml exports the cluster's), the rank checks first that it can
 use it and stops naming its node, rank and the reason when it cannot. Under torchrun the variables are
 torchrun's own. Inside a job, SIGUSR2 dumps the rank's Python stacks into ``JOB/stacks/`` (the progress
-watchdog's: :mod:`ddp_cluster.runtime.heartbeat`).
+watchdog's: :mod:`ddp_cluster.runtime.heartbeat`). The job's secrets (``JOB/secrets.json``) are put into the
+environment first (:mod:`ddp_cluster.runtime.secrets`).
 
 When the script ends (returns, calls ``sys.exit``, or raises: its traceback printed as Python prints it,
 status 1; a KeyboardInterrupt is left to the interpreter), the process ends as
@@ -31,6 +32,7 @@ from ddp_cluster.errors import DdpClusterError, DeviceError
 from ddp_cluster.runtime.distenv import resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
 from ddp_cluster.runtime.heartbeat import install_stack_dump
+from ddp_cluster.runtime.secrets import load_secrets
 
 USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
@@ -96,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
+        load_secrets()  # before the script, the device check and anything that reads the environment
         variables = export_torchrun_variables()
         install_stack_dump(variables["RANK"])  # before the device check and the script: both may hang
         announce_binding(int(variables["LOCAL_RANK"]), f"ddp_cluster.run: rank {variables['RANK']}")

@@ -57,6 +57,7 @@ from ddp_cluster.runtime.heartbeat import heartbeat, install_stack_dump
 from ddp_cluster.runtime.metrics import Reporter
 from ddp_cluster.runtime.models import build_model
 from ddp_cluster.runtime.resume import EpochProgress, Resumed, agree_on_start, relative, restore
+from ddp_cluster.runtime.secrets import load_secrets
 
 # The run's settings and their command line are ddp_cluster.runtime.config's, where a run starts is
 # ddp_cluster.runtime.resume's; the loop is this module's.
@@ -436,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     env: DistEnv | None = None
     try:
+        load_secrets()  # the job's secrets (JOB/secrets.json) into the environment, before anything reads it
         env = resolve_dist_env()
         install_stack_dump(env.rank)  # SIGUSR2 dumps the stacks: the progress watchdog's, on a stall
         announce_binding(env)

@@ -56,7 +56,7 @@ from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import add_file, write_atomic
-from ddp_cluster.job import node_jobs, status
+from ddp_cluster.job import node_jobs, secrets, status
 from ddp_cluster.job import spec as jobspec
 from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
@@ -127,16 +127,20 @@ def last_words(job_dir: Path, text: str = "") -> None:
 
 class StatusFile:
     """The job's status.json (a :class:`ddp_cluster.job.status.Status`), rewritten whole (atomically) at every
-    change; ``elapsed`` since ``started``."""
+    change; ``elapsed`` since ``started``. What it is given (log tails, progress lines: a rank's output) has
+    the job's secret values masked (``masked``)."""
 
-    def __init__(self, path: Path, started: float) -> None:
+    def __init__(self, path: Path, started: float, masked: Sequence[str] = ()) -> None:
         self.path = path
         self.started = started
+        self.masked = secrets.maskable(masked)
         self.status = Status()
 
     def write(self, **fields: Any) -> None:
         self.status = self.status.update(
-            **fields, elapsed=round(time.time() - self.started, 1), updated=time.time()
+            **secrets.mask_all(fields, self.masked),
+            elapsed=round(time.time() - self.started, 1),
+            updated=time.time(),
         )
         try:
             write_atomic(self.path, self.status.dumps().encode())
@@ -161,7 +165,10 @@ class Supervisor:
         self.mesh = Mesh(socket.gethostname(), self.ssh_timeout)
         self.nodes = list(self.spec.nodes)
         self.wanted = len(self.nodes)  # a restart fills the job up to this many nodes from the spares
-        self.status = StatusFile(self.job_dir / STATUS_FILE, self.started)
+        # The job's secret values (JOB/secrets.json, the start's on this node, the hand-out's on a standby):
+        # masked in what status.json quotes of a rank's output.
+        self.secrets = secrets.read(self.job_dir)
+        self.status = StatusFile(self.job_dir / STATUS_FILE, self.started, list(self.secrets.values()))
         self.restarts: list[dict[str, Any]] = []
         self.stop_reason = "the job was stopped (the supervisor received a signal)"
         self.interrupted = ""  # the reason of a stop asked from the controller
@@ -445,8 +452,9 @@ class Supervisor:
         return ThreadPoolExecutor(max_workers=min(POOL, max(1, len(self.nodes) + len(self.spec.spares))))
 
     def files_for_others(self) -> bytes:
-        """What the other nodes get: the job's files (the bundle's members) and the bundle itself, so that a
-        node that takes the job over can hand it to a spare."""
+        """What the other nodes get: the job's files (the bundle's members), its secrets (mode 0600: the
+        ranks' wrapper reads them on every node) and the bundle itself, so that a node that takes the job
+        over can hand it to a spare."""
         bundle = self.job_dir / BUNDLE
         if not bundle.is_file():
             return b""
@@ -458,6 +466,11 @@ class Supervisor:
         ):
             for member in source.getmembers():
                 target.addfile(member, source.extractfile(member) if member.isfile() else None)
+            if self.secrets:
+                content = secrets.dumps(self.secrets)
+                info = tarfile.TarInfo(secrets.FILE)
+                info.size, info.mode, info.mtime = len(content), 0o600, int(time.time())
+                target.addfile(info, io.BytesIO(content))
             add_file(target, BUNDLE, data)
         return buffer.getvalue()
 
@@ -501,11 +514,13 @@ class Supervisor:
 
     def launch(self) -> subprocess.Popen[bytes]:
         """Start the launcher (this attempt's), its output appended to JOB/launcher.log; it dies with the
-        supervisor."""
+        supervisor. The ranks' variables are in its environment, named on its command line (``-x NAME``:
+        :meth:`JobSpec.launch_argv`), so that no value shows in ``ps``."""
         self._next_ranks_check = 0.0
         with open(self.job_dir / LAUNCHER_LOG, "ab") as log:
             return subprocess.Popen(
                 self.launcher,
+                env={**os.environ, **self.spec.variables()},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.job_dir,

@@ -79,10 +79,12 @@ class Mesh:
         self, nodes: Sequence[str], data: bytes, where: Path, pool: ThreadPoolExecutor
     ) -> Failure | None:
         """Unpack ``data`` (a tar.gz) into ``where`` on ``nodes``, all at once; the failure naming the first
-        node that did not take it."""
+        node that did not take it. ``where`` is made (or kept) mode 0700: it holds the job's secrets, and
+        tar keeps each member's own mode (secrets.json's 0600)."""
         if not data or not nodes:
             return None
-        command = f"mkdir -p {shlex.quote(str(where))} && tar -xzf - -C {shlex.quote(str(where))}"
+        folder = shlex.quote(str(where))
+        command = f"umask 077 && mkdir -p {folder} && chmod 700 {folder} && tar -xzf - -C {folder}"
 
         def give(node: str) -> str:
             return self.send(node, command, data, DISTRIBUTE_TIMEOUT)
