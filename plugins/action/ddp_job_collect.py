@@ -2,10 +2,13 @@
 
 Runs the ``ddp_job_pack`` module on the node's server (everything of the job's directory but older
 checkpoints, whatever the job's end; the server's own Python, so a node whose container died still sends its
-logs) and fetches the archive to runs/<id>/.incoming/<node>.tar.gz. Every node at once (one task; Ansible's
-forks). A node the supervisor found lost (``lost: true``) may not answer at all: it is tried with a short
-connection timeout (the task's), and what cannot come back is a warning, never a failure: the others' results
-and the report still come.
+logs) and fetches the archive to runs/<id>/.incoming/<node>.tar.gz, checked against the SHA-256 the module
+computed from its own bytes (the node container can write the job's directory: an archive swapped between
+the pack and the fetch is thrown away, with a warning); then the archive is removed from the server. Every
+node at once (one task; Ansible's forks). The module refuses a job directory reached through a link (named
+in the warning) and leaves out devices and fifos (a warning names them). A node the supervisor found lost
+(``lost: true``) may not answer at all: it is tried with a short connection timeout (the task's), and what
+cannot come back is a warning, never a failure: the others' results and the report still come.
 
     - ddp_job_collect:
         plan: "{{ _ddp_job_plan }}"
@@ -14,7 +17,8 @@ and the report still come.
 
 from __future__ import annotations
 
-from pathlib import Path
+import hashlib
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ansible.errors import AnsibleError
@@ -36,21 +40,35 @@ class ActionModule(ActionBase):
         lost = boolean(self._task.args.get("lost", False), strict=False)
         node = str((task_vars or {})["inventory_hostname"])
         host_dir = plan["host_dirs"][node]
-        archive = f"{host_dir}/{ARCHIVE}"
-        packed = self._execute_module(
-            module_name="ddp_job_pack",
-            module_args={"job_dir": host_dir, "archive": archive},
-            task_vars=task_vars,
-        )
+        # the plan's host_dirs are <the node's workspace>/jobs/<job id>
+        where = {"job_dir": host_dir, "archive": f"{host_dir}/{ARCHIVE}"}
+        where["workspace"] = str(PurePosixPath(host_dir).parent.parent)
+        packed = self._execute_module("ddp_job_pack", module_args=where, task_vars=task_vars)
         if packed.get("failed"):
             return self._failed(result, node, lost, f"could not pack its results: {packed.get('msg', '')}")
         destination = Path(plan["run_dir"], ".incoming", f"{node}.tar.gz")
         destination.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._connection.fetch_file(archive, str(destination))
+            self._connection.fetch_file(where["archive"], str(destination))
         except AnsibleError as error:
-            return self._failed(result, node, lost, f"could not fetch {archive}: {error}")
-        return {**result, "changed": True, "archive": str(destination), "members": packed.get("members", 0)}
+            return self._failed(result, node, lost, f"could not fetch {where['archive']}: {error}")
+        digest = hashlib.sha256()
+        with destination.open("rb") as fetched:
+            for block in iter(lambda: fetched.read(1 << 20), b""):
+                digest.update(block)
+        self._execute_module("ddp_job_pack", module_args={**where, "remove": True}, task_vars=task_vars)
+        if digest.hexdigest() != packed.get("sha256"):
+            destination.unlink()
+            return self._failed(
+                result, node, lost, f"{where['archive']} changed on the server after it was packed"
+            )
+        warnings = (
+            [f"{node}: left out of its results: {', '.join(packed['left_out'])}"]
+            if packed.get("left_out")
+            else []
+        )
+        done = {"changed": True, "archive": str(destination), "members": packed.get("members", 0)}
+        return {**result, **done, **({"warnings": warnings} if warnings else {})}
 
     @staticmethod
     def _failed(result: dict[str, Any], node: str, lost: bool, message: str) -> dict[str, Any]:

@@ -12,8 +12,13 @@ from typing import Any
 from rolemodule import run_role_module
 
 
-def run(job_dir: Path, check: bool = False) -> dict[str, Any]:
-    arguments = {"job_dir": str(job_dir), "archive": str(job_dir / "results.tar.gz")}
+def run(job_dir: Path, check: bool = False, remove: bool = False) -> dict[str, Any]:
+    arguments = {
+        "job_dir": str(job_dir),
+        "archive": str(job_dir / "results.tar.gz"),
+        "workspace": str(job_dir.parent.parent),
+        "remove": remove,
+    }
     return run_role_module("ddp_job", "ddp_job_pack", arguments, check=check)
 
 
@@ -38,6 +43,9 @@ def test_the_module_packs_the_job_through_ansible(tmp_path: Path) -> None:
         "output/checkpoints", "output/checkpoints/epoch-00002.ckpt",
     ])  # fmt: skip
     assert result["members"] == len(names) and result["bytes"] == (job_dir / "results.tar.gz").stat().st_size
+    assert len(result["sha256"]) == 64 and result["left_out"] == []
+    removed = run(job_dir, remove=True)
+    assert removed["changed"] and removed["removed"] and not (job_dir / "results.tar.gz").exists(), removed
 
 
 def test_check_mode_writes_nothing(tmp_path: Path) -> None:
@@ -48,5 +56,15 @@ def test_check_mode_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_a_missing_job_directory_is_named(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
     result = run(tmp_path / "jobs" / "never")
     assert result["failed"] and "jobs/never is missing on this server" in result["msg"], result
+
+
+def test_a_job_directory_that_is_a_link_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "var-tmp").mkdir()
+    (tmp_path / "jobs" / "job-1").symlink_to(tmp_path / "var-tmp")
+    result = run(tmp_path / "jobs" / "job-1")
+    assert result["failed"] and f"{tmp_path}/jobs/job-1 on this server is a symbolic link" in result["msg"]
+    assert list((tmp_path / "var-tmp").iterdir()) == []

@@ -14,8 +14,15 @@ description:
   - Everything under I(job_dir) goes in, but the checkpoints under C(output/checkpoints/) other than the
     newest C(epoch-*.ckpt), files ending in C(.tmp), C(__pycache__) directories, C(job.tar.gz) (the files
     sent), and the archive.
-  - The archive is written beside the job directory under a temporary name and renamed over I(archive), so a
-    reader never sees half an archive.
+  - Runs as root in a directory the node container can write, so it never follows a link; the job directory
+    is opened from I(workspace) down one component at a time, and a component that is a link (or a job
+    directory outside the workspace) is refused, naming it. Links inside go in as links; devices, fifos
+    and sockets are left out and named (C(left_out)).
+  - C(secrets.json) (the job's secrets) is never packed, and the secrets' values (4 characters or more) are
+    masked as C(***) in every text file packed (not in checkpoints).
+  - The archive is written inside the job directory under a temporary name and renamed over I(archive), so a
+    reader never sees half an archive; C(sha256) lets the controller check what it fetched.
+  - With I(remove), only the archive is removed (once the controller has it).
   - Check mode lists what would be packed and writes nothing.
 options:
   job_dir:
@@ -23,9 +30,17 @@ options:
     type: path
     required: true
   archive:
-    description: Where the archive goes (normally I(job_dir)/results.tar.gz).
+    description: Where the archive goes, a file of I(job_dir) (normally I(job_dir)/results.tar.gz).
     type: path
     required: true
+  workspace:
+    description: The node's workspace on the server; I(job_dir) must lie inside it.
+    type: path
+    required: true
+  remove:
+    description: Remove the archive instead of packing (the controller fetched it).
+    type: bool
+    default: false
 """
 
 RETURN = r"""
@@ -41,6 +56,15 @@ checkpoint:
   description: The checkpoint packed (its path inside the job directory), or an empty string.
   type: str
   returned: always
+sha256:
+  description: The archive's SHA-256 (empty in check mode).
+  type: str
+  returned: always
+left_out:
+  description: What was left out, each as C(path (why)) (a device, a fifo, a socket).
+  type: list
+  elements: str
+  returned: always
 """
 
 from typing import TYPE_CHECKING  # noqa: E402  (Ansible modules put DOCUMENTATION first)
@@ -48,9 +72,9 @@ from typing import TYPE_CHECKING  # noqa: E402  (Ansible modules put DOCUMENTATI
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 if TYPE_CHECKING:  # the same file: module_utils/ddp_pack.py links to the package's module
-    from ddp_cluster.server.pack import PackError, pack_job
+    from ddp_cluster.server.pack import PackError, pack_job, remove_archive
 else:
-    from ansible.module_utils.ddp_pack import PackError, pack_job
+    from ansible.module_utils.ddp_pack import PackError, pack_job, remove_archive
 
 
 def main() -> None:
@@ -58,11 +82,17 @@ def main() -> None:
         argument_spec={
             "job_dir": {"type": "path", "required": True},
             "archive": {"type": "path", "required": True},
+            "workspace": {"type": "path", "required": True},
+            "remove": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
+    where = (module.params["job_dir"], module.params["archive"], module.params["workspace"])
     try:
-        packed = pack_job(module.params["job_dir"], module.params["archive"], check=module.check_mode)
+        if module.params["remove"]:
+            removed = module.check_mode or remove_archive(*where)
+            module.exit_json(changed=removed, removed=removed)
+        packed = pack_job(*where, check=module.check_mode)
     except PackError as error:
         module.fail_json(msg=str(error))
     module.exit_json(changed=True, **packed)
