@@ -46,10 +46,79 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "checkpoint_steps": (dict,),
 }
 LISTS = ("nodes", "launcher", "lost_nodes", "log_tail", "launcher_tail", "ran_on")
+NUMBER = (int, float)
+# The fields of each list of records, by type: ``list`` is a list of strings; every field may be None (not
+# known yet). A field not listed is kept as it is (a newer supervisor's).
+RECORDS: dict[str, dict[str, tuple[type, ...]]] = {
+    # ddp_cluster.supervisor.recovery.recover's, one per restart
+    "restarts": {
+        "restart": (int,),
+        "cause": (str,),
+        "lost": (list,),
+        "nodes_before": (list,),
+        "nodes_after": (list,),
+        "spares_taken": (list,),
+        "lost_at": NUMBER,
+        "restarted_at": NUMBER,
+        "training_again_s": NUMBER,
+        "checkpoint": (str,),
+        "resume_step": (int,),
+        "last_step": (int,),
+        "steps_redone": (int,),
+        "checkpoints_skipped": (list,),
+        "supervisor_moved": (str,),
+    },
+    # ddp_cluster.supervisor.replicas.Place.summary's, one per place copies go
+    "replicas": {
+        "place": (str,),
+        "kind": (str,),
+        "checkpoint": (str,),
+        "bytes": (int,),
+        "seconds": NUMBER,
+        "at": NUMBER,
+        "copying": (str,),
+        "failures": (int,),
+        "error": (str,),
+        "lost": (bool,),
+    },
+}
 
 
 class StatusError(DdpClusterError):
-    """A status.json that cannot be read as a :class:`Status`; the message names the field."""
+    """A status.json that cannot be read as a :class:`Status`; the message names the field, its value and
+    the type it must have."""
+
+
+class TornStatus(StatusError):
+    """A status.json that is no JSON (yet): a partial read, a file cut short; the next read may be whole."""
+
+
+def _kinds(kinds: tuple[type, ...]) -> str:
+    return " or ".join("list of strings" if kind is list else kind.__name__ for kind in kinds)
+
+
+def _fits(value: Any, kinds: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in kinds:
+        return False  # True is an int to Python, not to a status
+    if list in kinds and isinstance(value, list | tuple):
+        return all(isinstance(item, str) for item in value)
+    return isinstance(value, tuple(kind for kind in kinds if kind is not list))
+
+
+def _records(name: str, value: Any) -> tuple[dict[str, Any], ...]:
+    """A list of records (:data:`RECORDS`), each field checked by type."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise StatusError(f"{name}={value!r} must be a list of records")
+    records = []
+    for index, record in enumerate(value):
+        if not isinstance(record, Mapping):
+            raise StatusError(f"{name}[{index}]={record!r} must be a record (a mapping of fields)")
+        for field_name, kinds in RECORDS[name].items():
+            item = record.get(field_name)
+            if item is not None and not _fits(item, kinds):
+                raise StatusError(f"{name}[{index}].{field_name}={item!r} must be {_kinds(kinds)}")
+        records.append(dict(record))
+    return tuple(records)
 
 
 @dataclass(frozen=True)
@@ -122,11 +191,8 @@ class Status:
             if name not in data or data[name] is None:
                 continue
             value = data[name]
-            wrong_bool = isinstance(value, bool) and bool not in _KINDS.get(name, ())
-            if name in _KINDS and (wrong_bool or not isinstance(value, _KINDS[name])):
-                raise StatusError(
-                    f"{name}={value!r} must be {' or '.join(kind.__name__ for kind in _KINDS[name])}"
-                )
+            if name in _KINDS and not _fits(value, _KINDS[name]):
+                raise StatusError(f"{name}={value!r} must be {_kinds(_KINDS[name])}")
             if name in LISTS:
                 if isinstance(value, str) or not isinstance(value, list | tuple):
                     raise StatusError(f"{name}={value!r} must be a list of strings")
@@ -135,10 +201,12 @@ class Status:
                 if not isinstance(value, Mapping):
                     raise StatusError(f"leftover={value!r} must map nodes to text")
                 value = {str(node): str(text) for node, text in value.items()}
-            elif name in ("restarts", "replicas"):
-                if isinstance(value, str) or not isinstance(value, list | tuple):
-                    raise StatusError(f"{name}={value!r} must be a list of records")
-                value = tuple(dict(item) for item in value if isinstance(item, Mapping))
+            elif name in RECORDS:
+                value = _records(name, value)
+            elif name == "checkpoint_steps":
+                for checkpoint, step in value.items():
+                    if not _fits(step, (int,)):
+                        raise StatusError(f"checkpoint_steps[{checkpoint!r}]={step!r} must be int")
             values[name] = value
         status = cls(**values)
         if status.state not in STATES:
@@ -178,19 +246,38 @@ def describe_restart(record: Mapping[str, Any]) -> str:
 
 
 def loads(text: str) -> Status:
+    """The status ``text`` holds: TornStatus when it is no JSON, StatusError when a field (or a record's)
+    has the wrong type, naming it."""
     try:
         data = json.loads(text)
     except ValueError as error:
-        raise StatusError(f"not JSON: {error}") from error
+        raise TornStatus(f"not JSON: {error}") from error
     return Status.from_dict(data)
 
 
-def read(path: Path) -> Status | None:
-    """The status in ``path``; None when there is none (yet) or it cannot be read (a torn copy)."""
+def unreadable(where: object, error: StatusError) -> str:
+    """What the wait, the report and jobs.yml say of a status file whose JSON is no status."""
+    return (
+        f"{where} is not a status the job's supervisor wrote ({error}): something else wrote it (the job's"
+        " code, a hand); its supervisor's next write replaces it"
+    )
+
+
+def read_checked(path: Path) -> tuple[Status | None, str]:
+    """The status in ``path`` and '' (None and '': none yet, or a torn copy); None and what is wrong
+    (:func:`unreadable`) when it holds JSON that is no status."""
     try:
-        return loads(path.read_text(encoding="utf-8"))
-    except (OSError, StatusError):
-        return None
+        return loads(path.read_text(encoding="utf-8")), ""
+    except (OSError, TornStatus):
+        return None, ""
+    except StatusError as error:
+        return None, unreadable(path, error)
+
+
+def read(path: Path) -> Status | None:
+    """The status in ``path``; None when there is none (yet) or it cannot be read (:func:`read_checked`
+    says why)."""
+    return read_checked(path)[0]
 
 
 def describe_progress(progress: Any) -> str:

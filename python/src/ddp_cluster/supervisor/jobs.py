@@ -346,10 +346,11 @@ def node_report(jobs_dir: str, newest: int = NEWEST) -> dict[str, Any]:
     jobs: dict[str, Any] = {}
     for folder in listed:
         spec = _job_file(folder)
-        found = job_status.read(folder / job_status.FILE)
+        found, problem = job_status.read_checked(folder / job_status.FILE)
         claim_nodes = list(claimed.nodes) if claimed and claimed.job == folder.name else []
         jobs[folder.name] = {
             "status": found.to_dict() if found else None,
+            "status_problem": problem,  # JSON that is no status: what is wrong with it, for the table
             "nodes": spec.get("nodes") or claim_nodes,
             "spares": spec.get("spares", []),
             "kind": spec.get("kind", "train"),
