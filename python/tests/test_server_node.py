@@ -251,6 +251,18 @@ def test_sshd_that_did_not_answer_or_is_misconfigured_is_named() -> None:
     assert "it lacks ['passwordauthentication no']" in loose and "'passwordauthentication yes'" in loose
 
 
+def test_sshd_must_listen_on_the_nodes_cluster_address_only() -> None:
+    listen = {**SSHD, "listen": "10.0.0.5"}
+    assert node.sshd_failure("n0", "node0", listen, [*GOOD, "listenaddress 10.0.0.5:12345"], "") == ""
+    everywhere = node.sshd_failure("n0", "node0", listen, [*GOOD, "listenaddress 0.0.0.0:12345"], "")
+    assert "(port 12345 on 10.0.0.5 only," in everywhere
+    assert (
+        "it lacks ['listenaddress 10.0.0.5:12345']" in everywhere
+        and "'listenaddress 0.0.0.0:12345'" in everywhere
+    )
+    assert node.expected_sshd(22, "fd00::5")[1] == "listenaddress [fd00::5]:22"
+
+
 def test_the_probe_lines_give_the_record_the_host_keys_and_the_files() -> None:
     lines = [
         *GOOD,
@@ -270,6 +282,7 @@ def test_the_probe_lines_give_the_record_the_host_keys_and_the_files() -> None:
     assert record == {
         "interface": "eth1",
         "address": "10.0.0.5/24",
+        "network": "10.0.0.0/24",
         "cpu_binding": "0=0-23;1=24-47",
         "workspace": "/var/lib/ddp-cluster/n0/workspace",
         "container_workspace": "/workspace",

@@ -46,7 +46,8 @@ options:
     type: dict
     required: true
   sshd:
-    description: C(port), C(timeout) (seconds), C(files) and C(probe) (a shell script run with the port as
+    description: C(port), C(listen) (the one address sshd must listen on), C(timeout) (seconds), C(files)
+      and C(probe) (a shell script run with the port as
       $0 and the files as its arguments; it exits 0 once sshd is ready and prints C(sshd -T)'s lines and
       one line per fact the action reads, C(ddp-node KEY), a colon, the value).
     type: dict

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import io
+import ipaddress
 import json
 import os
 import re
@@ -41,7 +42,9 @@ NO_DOCKER_CLI = (
     "the docker CLI is not on this server's PATH: install it with the engine (docker-ce-cli, or Debian's "
     "docker.io)"
 )
-SSHD_KEYS = re.compile(r"^(port|passwordauthentication|kbdinteractiveauthentication|permitrootlogin) ")
+SSHD_KEYS = re.compile(
+    r"^(port|listenaddress|passwordauthentication|kbdinteractiveauthentication|permitrootlogin) "
+)
 PROBE = re.compile(r"^ddp-node ([a-z0-9-]+): ?(.*)$")
 
 
@@ -405,11 +408,13 @@ def bring_up(params: dict[str, Any], check: bool) -> dict[str, Any]:
 # --- the probe's lines, read on the controller -------------------------------------------------------------
 
 
-def expected_sshd(port: int) -> list[str]:
-    """The lines of `sshd -T` the cluster needs: its port, password and keyboard-interactive login off,
-    root by key only."""
+def expected_sshd(port: int, listen: str = "") -> list[str]:
+    """The lines of `sshd -T` the cluster needs: its port, the address it listens on (when given: the node's
+    cluster address on a host network), password and keyboard-interactive login off, root by key only."""
+    where = f"[{listen}]:{port}" if ":" in listen else f"{listen}:{port}"
     return [
         f"port {port}",
+        *([f"listenaddress {where}"] if listen else []),
         "passwordauthentication no",
         "kbdinteractiveauthentication no",
         "permitrootlogin without-password",
@@ -418,20 +423,21 @@ def expected_sshd(port: int) -> list[str]:
 
 def sshd_failure(host: str, container: str, sshd: dict[str, Any], lines: list[str], why: str) -> str:
     """Why the node's sshd is not ready for the cluster, by its probe's LINES (none: it did not answer in
-    time, WHY says what it printed) and its `sshd -T` output; empty when it is ready."""
-    port = int(sshd["port"])
+    time, WHY says what it printed) and its `sshd -T` output; empty when it is ready. ``sshd["listen"]``, when
+    given, is the one address sshd must listen on."""
+    port, listen = int(sshd["port"]), str(sshd.get("listen") or "")
     if not lines:
         return (
             f"{host}: sshd in container {container} did not answer on port {port} within {sshd['timeout']} s "
             f"({why or 'no output'}): read `docker logs {container}` on the server"
         )
-    missing = [line for line in expected_sshd(port) if line not in lines]
+    missing = [line for line in expected_sshd(port, listen) if line not in lines]
     if not missing:
         return ""
     return (
-        f"{host}: sshd in container {container} is not configured as the cluster needs (port {port}, "
-        f"password login off, root by key only): it lacks {missing}; `sshd -T` says "
-        f"{[line for line in lines if SSHD_KEYS.match(line)]}"
+        f"{host}: sshd in container {container} is not configured as the cluster needs (port {port}"
+        f"{f' on {listen} only' if listen else ''}, password login off, root by key only): it lacks "
+        f"{missing}; `sshd -T` says {[line for line in lines if SSHD_KEYS.match(line)]}"
     )
 
 
@@ -441,12 +447,19 @@ def probe_lines(lines: list[str]) -> list[tuple[str, str]]:
 
 
 def record_of(probe: list[tuple[str, str]], workspace: str, container_workspace: str) -> str:
-    """The node's record for every job's plan (JSON text): its cluster interface and address, CPU binding,
-    workspaces."""
+    """The node's record for every job's plan (JSON text): its cluster interface, address and network (the
+    mesh lets that network's nodes in: a bridge network's addresses change when a container is made again),
+    CPU binding, workspaces."""
     values = dict(probe)
+    address = values.get("address", "")
+    try:
+        network = str(ipaddress.ip_interface(address).network) if address else ""
+    except ValueError:
+        network = ""  # the job's plan names a recorded address that is not one
     record = {
         "interface": values.get("interface", ""),
-        "address": values.get("address", ""),
+        "address": address,
+        "network": network,
         "cpu_binding": values.get("cpu-binding", ""),
         "workspace": workspace,
         "container_workspace": container_workspace,
