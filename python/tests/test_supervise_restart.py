@@ -377,7 +377,7 @@ def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
     checkpoint = f"{job_dir}/output/checkpoints/epoch-00003.step-000000150.ckpt"
     assert new.resume_from == checkpoint
     assert supervisor.nodes == ["n0", "n2"] and supervisor.launcher == new.launch_argv()
-    variables = exported(supervisor.launcher)
+    variables = exported(supervisor.spec)
     assert (variables["DDP_RESTART_COUNT"], variables["DDP_MAX_RESTARTS"], variables["DDP_RESUME_FROM"]) == (
         "1",
         "1",
@@ -538,7 +538,7 @@ def test_a_users_script_is_told_where_to_resume_but_not_given_resume(
     first_attempt(supervisor)
     assert recovery.recover(supervisor, lost("n1"), pool) is True
     assert supervisor.spec.resume is False and "--resume" not in supervisor.launcher
-    assert exported(supervisor.launcher)["DDP_RESUME_FROM"].endswith("/epoch-00003.step-000000150.ckpt")
+    assert exported(supervisor.spec)["DDP_RESUME_FROM"].endswith("/epoch-00003.step-000000150.ckpt")
 
 
 # --- the spec's recovery fields ---
@@ -554,7 +554,7 @@ def test_every_rank_is_told_the_restart_count_and_the_checkpoint() -> None:
         "DDP_RESTART_COUNT": "2",
         "DDP_MAX_RESTARTS": "3",
     }
-    assert exported(later.launch_argv())["DDP_RESUME_FROM"] == later.resume_from
+    assert exported(later)["DDP_RESUME_FROM"] == later.resume_from
 
 
 def test_the_spec_refuses_more_min_nodes_than_nodes_and_spares_among_its_nodes() -> None:
