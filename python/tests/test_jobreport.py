@@ -54,7 +54,7 @@ def test_a_job_that_succeeded_is_laid_out_and_summed_up(tmp_path: Path) -> None:
         "started fresh",
     ]
     assert (run_dir / "logs" / "rank.2.log").read_text() == "[rank 2/4] done\n" and (
-        run_dir / "summary.json"
+        run_dir / "output" / "summary.json"
     ).exists()
     assert done.warnings == ["no loss curve: the job wrote no metrics.jsonl (a user script writes one only"
                              " if it chooses to, into $DDP_JOB_DIR/output/)"]  # fmt: skip
@@ -90,7 +90,9 @@ def test_a_gate_prints_its_results_and_a_preflight_gate_keeps_them_with_its_job(
     )
     done = jobreport.report(run_dir)
     assert done.gate_passed and done.exit_status == 0 and done.lines[0].startswith("health gate PASSED")
-    assert (run_dir.parent / "health.json").read_bytes() == (run_dir / "health.json").read_bytes()
+    kept = run_dir.parent / "output" / "health.json"
+    assert kept.read_bytes() == (run_dir / "output" / "health.json").read_bytes()
+    assert f"results: {run_dir}/output/health.json" in done.lines
     slow = gate_results(
         pairs=[pair("node0", "node1", 1.0), pair("node1", "node2", 0.01), pair("node2", "node0", 0.01)]
     )
@@ -112,3 +114,35 @@ def test_the_command_prints_the_report_and_exits_with_its_status(tmp_path: Path,
     assert "job j1 failed: the job was stopped" in out.out and "(node unknown)" in out.err
     assert cli.main(["report", str(run_dir)]) == 1  # again, on what is laid out already
     assert cli.main(["report", str(tmp_path / "none")]) == 2
+
+
+def test_what_a_job_left_never_fails_the_report_of_a_job_that_succeeded(tmp_path: Path) -> None:
+    """An absolute link, a link out and a cut archive in a job's results: warnings, and the report of the job
+    that succeeded."""
+    run_dir = planned(tmp_path)
+    incoming = run_dir / ".incoming"
+    incoming.mkdir(parents=True)
+    with tarfile.open(incoming / "s0.tar.gz", "w:gz") as tar:
+        for name, text in {
+            "status.json": Status(state="succeeded", elapsed=1.0, rc=0).dumps(),
+            "output/summary.json": json.dumps({"final_loss": 0.5}),
+            "output/metrics.jsonl": "",
+        }.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text.encode()))
+        for name, target in [("output/dangling", "/abs/gone"), ("output/plan.json", "../plan.json")]:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    archive(run_dir, "s1", {"logs/1/rank.2/stdout": "x" * 100_000})
+    cut = incoming / "s1.tar.gz"
+    cut.write_bytes(cut.read_bytes()[:40])
+    done = jobreport.report(run_dir)
+    assert done.exit_status == 0 and done.lines[0] == "job j1: succeeded in 1.0 s", done
+    assert done.warnings[0] == (
+        "results: skipped 2 unsafe member(s) from s0: output/dangling (link to /abs/gone),"
+        " output/plan.json (link to ../plan.json, outside the output)"
+    )
+    assert "results: s1's archive is truncated or corrupt" in done.warnings[1]
+    assert json.loads((run_dir / "plan.json").read_text())["id"] == "j1"

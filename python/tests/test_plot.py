@@ -34,6 +34,13 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert f"wrote {png} (11 records" in capsys.readouterr().out
 
 
+def test_plot_of_a_run_directory_reads_its_laid_out_output(tmp_path: Path) -> None:
+    """runs/<id>/ as train.yml lays it out: the job's metrics.jsonl is in output/, and loss.png goes beside."""
+    write_metrics(tmp_path / "runs" / "j1" / "output", sample_records())
+    assert ddp_cluster(["plot", str(tmp_path / "runs" / "j1")]) == 0
+    assert (tmp_path / "runs" / "j1" / "output" / "loss.png").read_bytes()[:8] == PNG_MAGIC
+
+
 def test_plot_to_a_chosen_file_and_from_the_file_itself(tmp_path: Path) -> None:
     write_metrics(tmp_path / "run", sample_records()[:3])  # step records only
     out = tmp_path / "figures" / "curve.png"

@@ -1,11 +1,12 @@
 """Why a job failed, read from its logs: ``ddp-cluster doctor RUN_DIR``.
 
 Reads every log under a results directory (``runs/<job-id>/`` as train.yml lays it out: the ranks' logs, the
-launcher's and the supervisor's, CANN's plogs, ``status.json``) and matches the messages that the tools of
-this field print for the failures users ask about most: HCCL's error codes, NCCL and gloo timeouts, ssh and
-mpirun start-up failures in containers, a rank killed for memory, a package that does not import, a node that
-went down. Each cause comes with its evidence (file and line) and the fix, most likely first: a cause that
-makes the other ranks fail (a rank that died, a node gone) ranks above the timeouts its peers then report.
+launcher's and the supervisor's, CANN's plogs, ``status.json``, and the job's own ``output/``) and matches the
+messages that the tools of this field print for the failures users ask about most: HCCL's error codes, NCCL
+and gloo timeouts, ssh and mpirun start-up failures in containers, a rank killed for memory, a package that
+does not import, a node that went down. Each cause comes with its evidence (file and line) and the fix, most
+likely first: a cause that makes the other ranks fail (a rank that died, a node gone) ranks above the timeouts
+its peers then report.
 
 Exit status: 0 when nothing was found to report, 1 when a cause is named, 2 when RUN_DIR cannot be read.
 Standard library only (the controller runs it without torch).

@@ -15,12 +15,22 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.job import results
 
 METRICS_FILE = "metrics.jsonl"
 
 
 class PlotError(DdpClusterError):
     pass
+
+
+def metrics_file(run: Path) -> Path:
+    """metrics.jsonl of ``run``: a run directory as train.yml lays it out (its output/), a directory holding
+    the file, or the file itself."""
+    if not run.is_dir():
+        return run
+    laid_out = run / results.OUTPUT / METRICS_FILE
+    return laid_out if laid_out.is_file() else run / METRICS_FILE
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -95,10 +105,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ddp-cluster plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("run", type=Path, help="a run directory holding metrics.jsonl, or the file itself")
-    parser.add_argument("-o", "--output", type=Path, help="the PNG to write (default: RUN/loss.png)")
+    parser.add_argument(
+        "run", type=Path, help="a run directory (runs/<id>/: its output/metrics.jsonl), or the file itself"
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, help="the PNG to write (default: loss.png beside metrics.jsonl)"
+    )
     args = parser.parse_args(argv)
-    metrics = args.run / METRICS_FILE if args.run.is_dir() else args.run
+    metrics = metrics_file(args.run)
     out = args.output or metrics.parent / "loss.png"
     try:
         if not metrics.is_file():

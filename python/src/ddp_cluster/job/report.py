@@ -4,11 +4,13 @@ train.yml and check.yml call it (through the ``ddp_job_report`` action) after fe
 into ``RUN_DIR/.incoming/``; a user can run it again on any run directory. In order:
 
 1. the layout (:func:`ddp_cluster.job.results.lay_out`): each node's files under ``nodes/``, the first node's
-   outputs on top, one log per rank under ``logs/``;
+   output under ``output/``, one log per rank under ``logs/``; what it left out of a node's archive (unsafe
+   members), or an archive cut short, is a warning;
 2. the status (:mod:`ddp_cluster.job.status`) and the plan (``plan.json``, :mod:`ddp_cluster.job.plan`);
-3. a job's loss curve (``loss.png``, :mod:`ddp_cluster.job.plot`) and summary (``summary.json``);
-4. a health gate's results (:mod:`ddp_cluster.health.judge`; a preflight gate's also kept as the job's
-   ``runs/<id>/health.json``);
+3. a job's loss curve (``output/loss.png``, :mod:`ddp_cluster.job.plot`) and summary
+   (``output/summary.json``);
+4. a health gate's results (``output/health.json``, :mod:`ddp_cluster.health.judge`; a preflight gate's also
+   kept as the job's ``runs/<id>/output/health.json``);
 5. on failure, the node, the rank, the exit status, the failed rank's last lines and the doctor's likely
    causes (:mod:`ddp_cluster.job.doctor`).
 
@@ -54,8 +56,13 @@ def _figure(summary: Mapping[str, Any], name: str, shape: str) -> str:
     return shape % float(value) if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
 
 
+def output_dir(run_dir: Path) -> Path:
+    """Where a run's output is laid out (the first node's output/: summary, metrics, health, checkpoints)."""
+    return run_dir / results.OUTPUT
+
+
 def _summary(run_dir: Path, report: Report) -> dict[str, Any]:
-    path = run_dir / SUMMARY_FILE
+    path = output_dir(run_dir) / SUMMARY_FILE
     if not path.is_file():
         return {}
     try:
@@ -67,7 +74,7 @@ def _summary(run_dir: Path, report: Report) -> dict[str, Any]:
 
 
 def _plot(run_dir: Path, report: Report, wanted: bool) -> None:
-    metrics = run_dir / METRICS_FILE
+    metrics = output_dir(run_dir) / METRICS_FILE
     if not metrics.is_file():
         if wanted:
             report.warnings.append(
@@ -75,7 +82,8 @@ def _plot(run_dir: Path, report: Report, wanted: bool) -> None:
                 " to, into $DDP_JOB_DIR/output/)"
             )
         return
-    if (run_dir / PLOT_FILE).exists():
+    loss = output_dir(run_dir) / PLOT_FILE
+    if loss.exists() or loss.is_symlink():  # the job's own (a link is never written through)
         return
     try:
         from ddp_cluster.job import plot  # matplotlib, only when there is a curve to draw
@@ -83,7 +91,7 @@ def _plot(run_dir: Path, report: Report, wanted: bool) -> None:
         records = plot.read_metrics(metrics)
         if not records:
             raise plot.PlotError(f"{metrics} holds no records: the run logged nothing")
-        plot.plot_metrics(records, run_dir / PLOT_FILE, title=f"{run_dir.name}: loss")
+        plot.plot_metrics(records, loss, title=f"{run_dir.name}: loss")
     except Exception as error:  # no step after the job may fail it: said as a warning
         said = str(error).strip().splitlines()
         report.warnings.append(f"no loss curve: ddp-cluster plot: error: {said[-1] if said else repr(error)}")
@@ -145,8 +153,11 @@ def report(run_dir: Path) -> Report:
             torchrun = (
                 int(planned["spec"]["nproc_per_node"]) if planned["spec"]["launcher"] != "mpirun" else None
             )
-            missing = results.lay_out(run_dir, first, nodes, torchrun)
-            out.warnings += [f"{node}: no archive came back (its results are missing)" for node in missing]
+            laid = results.lay_out(run_dir, first, nodes, torchrun)
+            out.warnings += [
+                f"{node}: no archive came back (its results are missing)" for node in laid.missing
+            ]
+            out.warnings += laid.warnings
         except (OSError, ValueError, KeyError) as error:
             out.warnings.append(
                 f"the results could not be laid out under {run_dir}: {str(error)[:300]} (the archives of the"
@@ -165,7 +176,7 @@ def report(run_dir: Path) -> Report:
             summary = _summary(run_dir, out)
             resumed = planned.get("resume_checkpoint")
             gate = (
-                f"health gate: passed before the job, {run_dir}/health.json"
+                f"health gate: passed before the job, {output_dir(run_dir) / health.HEALTH_FILE}"
                 if planned.get("preflight")
                 else "health gate: not run (-e preflight=true runs it first)"
             )
@@ -180,7 +191,7 @@ def report(run_dir: Path) -> Report:
                 f" {_figure(summary, 'seconds', '%.2f')}",
                 f"resumed from {resumed}" if resumed else "started fresh",
                 gate,
-                f"results: {run_dir}",
+                f"results: {run_dir} (the job's output: {output_dir(run_dir)})",
             ]
             return out
     elif succeeded:
@@ -202,24 +213,25 @@ def report(run_dir: Path) -> Report:
 
 def _gate(run_dir: Path, label: str, kind: str, out: Report) -> Report:
     not_started = "; the job was not started" if kind == "preflight" else ""
+    results_file = output_dir(run_dir) / health.HEALTH_FILE
     try:
-        found = health.load(run_dir)
+        found = health.load(results_file)
     except ValueError as error:
         out.failure = f"{label} failed: {error}{not_started}"
         out.lines.append(out.failure)
         return out
-    out.lines += [*health.render(found).splitlines(), f"results: {run_dir}/{health.HEALTH_FILE}"]
-    if kind == "preflight":
-        shutil.copyfile(run_dir / health.HEALTH_FILE, run_dir.parent / health.HEALTH_FILE)
+    out.lines += [*health.render(found).splitlines(), f"results: {results_file}"]
+    if kind == "preflight":  # kept as the job's, in its output (the job's own output is laid out over it)
+        kept = output_dir(run_dir.parent) / health.HEALTH_FILE
+        kept.parent.mkdir(exist_ok=True)
+        kept.unlink(missing_ok=True)
+        shutil.copyfile(results_file, kept)
     verdict = found.get("verdict", {})
     if verdict.get("passed"):
         out.gate_passed = True
         return out
     problems = "; ".join(str(problem) for problem in verdict.get("problems", [])) or "the verdict is failed"
-    out.failure = (
-        f"{label} failed: {problems}{not_started}; the report above has the figures:"
-        f" {run_dir}/{health.HEALTH_FILE}"
-    )
+    out.failure = f"{label} failed: {problems}{not_started}; the report above has the figures: {results_file}"
     return out
 
 
