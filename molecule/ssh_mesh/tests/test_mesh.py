@@ -52,7 +52,18 @@ def test_private_key_is_readable_by_root_only(host):
     assert key.user == "root"
 
 
-def test_authorized_keys_holds_only_the_cluster_key(host):
+def test_authorized_keys_holds_only_the_cluster_key_from_the_cluster_network(host):
     lines = host.file("/etc/ddp-cluster/authorized_keys").content_string.splitlines()
     assert len(lines) == 1
+    assert lines[0].startswith('from="10.213.7.0/24" ssh-ed25519 ')
     assert lines[0].endswith("ddp-cluster-molecule-mesh")
+
+
+def test_the_cluster_key_is_refused_from_outside_the_cluster_network(host):
+    # The node's own sshd with the cluster key, over its loopback: 127.0.0.1 is not in from="...".
+    options = "-p 2222 -i /root/.ssh/id_ddp_cluster -o IdentitiesOnly=yes -o BatchMode=yes"
+    options += " -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+    outside = host.run(f"ssh {options} root@127.0.0.1 true")
+    assert outside.rc != 0
+    assert "Permission denied" in outside.stderr
+    assert host.run("ssh mesh0 true").rc == 0  # the same login from its cluster address
