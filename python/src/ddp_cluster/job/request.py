@@ -159,8 +159,8 @@ def launcher_owned_problems(request: Mapping[str, Any]) -> list[str]:
         if (option := owned_option(argument)) and option not in owned:
             owned[option] = argument
     return [
-        f"script_args sets {option} ({argument}), which the entrypoint's launcher owns:"
-        f" {LAUNCHER_OWNED[option]}"
+        f"script_args sets {option}{f' ({argument})' if argument != option else ''}, which the entrypoint's"
+        f" launcher owns: {LAUNCHER_OWNED[option]}"
         for option, argument in owned.items()
     ]
 
