@@ -259,7 +259,7 @@ def unreadable(where: object, error: StatusError) -> str:
     """What the wait, the report and jobs.yml say of a status file whose JSON is no status."""
     return (
         f"{where} is not a status the job's supervisor wrote ({error}): something else wrote it (the job's"
-        " code, a hand); its supervisor's next write replaces it"
+        " code, a hand, another version of ddp_cluster)"
     )
 
 
