@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -121,11 +122,10 @@ def test_a_job_is_started_followed_and_its_last_status_written(tmp_path: Path, i
     assert result["changed"] is True and result["state"] == "succeeded"
     assert node.put_files == [plan(tmp_path)["bundle"], "/runs/J0/output/checkpoints/epoch-00001.ckpt"]
     start = next(command for command in node.commands if "ddp_cluster.supervise " in command)
-    assert "tar -xzf /srv/ddp/node0/jobs/J1/job.tar.gz -C /srv/ddp/node0/jobs/J1" in start
-    assert (
-        "cp /tmp/ansible-tmp/epoch-00001.ckpt /srv/ddp/node0/jobs/J1/output/checkpoints/epoch-00001.ckpt"
-        in start
-    )
+    # the files fed into the node container, written there: nothing by the server's root in the workspace
+    assert "/srv/ddp" not in start
+    assert "tar -xzf /workspace/jobs/J1/job.tar.gz -C /workspace/jobs/J1" in start
+    assert "< /tmp/ansible-tmp/epoch-00001.ckpt" in start and "/epoch-00001.ckpt && docker exec -d" in start
     assert "docker exec -d node0 /bin/bash -c" in start and "--job-dir /workspace/jobs/J1 >" in start
     assert node.closed == 1  # the files put there are removed
     assert said == [
@@ -284,8 +284,9 @@ def test_the_interrupt_file_is_named_after_the_playbooks_pid_in_the_temporary_fo
 
 def test_attach_reads_the_plan_of_an_earlier_run(tmp_path: Path) -> None:
     (tmp_path / "J1").mkdir()
-    (tmp_path / "J1" / "plan.json").write_text(json.dumps({"kind": "train", "id": "J1", "detach": True}))
-    assert attach_plan(tmp_path, "J1") == {"kind": "train", "id": "J1", "detach": False, "attach": True}
+    planned = {"kind": "train", "id": "J1", "detach": True, "run_dir": str(tmp_path / "J1")}
+    (tmp_path / "J1" / "plan.json").write_text(json.dumps(planned))
+    assert attach_plan(tmp_path, "J1") == {**planned, "detach": False, "attach": True}
     (tmp_path / "G1").mkdir()
     (tmp_path / "G1" / "plan.json").write_text(json.dumps({"kind": "preflight", "label": "health gate"}))
     with pytest.raises(AttachError, match="attach=G1 is a health gate, not a job"):
@@ -294,46 +295,123 @@ def test_attach_reads_the_plan_of_an_earlier_run(tmp_path: Path) -> None:
         attach_plan(tmp_path, "J9")
 
 
+def test_attach_and_stop_take_only_a_run_directory_under_the_runs_directory(tmp_path: Path) -> None:
+    """A plan.json naming another run_dir (a job's output laid over it, once) is refused, naming it: the
+    collect and the report would write there."""
+    runs = tmp_path / "runs"
+    (runs / "J1").mkdir(parents=True)
+    for elsewhere in ("/etc", str(runs / "J2"), str(runs / "J1" / ".." / "..")):
+        planned = {"kind": "train", "id": "J1", "run_dir": elsewhere}
+        (runs / "J1" / "plan.json").write_text(json.dumps(planned))
+        with pytest.raises(AttachError, match=rf"names another run directory \({re.escape(elsewhere)}\)"):
+            attach_plan(runs, "J1")
+    for bad in ("../J1", "..", "J1/../J1", ""):
+        with pytest.raises(AttachError, match="is not a job id"):
+            attach_plan(runs, bad)
+
+
 # --- the start's commands, run here ---
 
 
-def test_the_start_puts_the_files_in_place_and_starts_the_supervisor_in_the_container(tmp_path: Path) -> None:
-    """The local transport runs the start's commands on this machine; a ``docker`` stand-in on PATH records
-    what it was asked (the supervisor's start, detached, in node0)."""
+class Recording(Local):
+    """The local transport, keeping every command run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commands: list[str] = []
+
+    def run(self, command: str) -> Done:
+        self.commands.append(command)
+        return super().run(command)
+
+
+def start_here(tmp_path: Path, **changes: Any) -> tuple[str, Path, Recording]:
+    """JobControl.start through the local transport, with a ``docker`` stand-in on PATH: the claim of the
+    nodes answered, a command fed to the container (``docker exec -i``) run here as the container's root
+    would, the supervisor's start recorded. The job's directory (the container's /workspace/jobs/J1) is under
+    tmp_path/container."""
     bundle = tmp_path / "job.tar.gz"
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     with tarfile.open(bundle, "w:gz") as tar:
         tar.add(script, arcname="train.py")
-    checkpoint = tmp_path / "epoch-00002.ckpt"
-    checkpoint.write_bytes(b"DDPCKPT1")
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     docker = bin_dir / "docker"
     docker.write_text(
-        "#!/bin/sh\n"  # the claim of the nodes is answered; the supervisor's start recorded
+        "#!/bin/sh\n"
         'case "$*" in *" --claim "*) echo \'{"claimed": true}\'; exit 0;; esac\n'
+        'if [ "$1 $2" = "exec -i" ]; then shift 3; exec "$@"; fi\n'
         f'printf "%s\\n" "$@" > {tmp_path}/docker-args\n'
     )
     docker.chmod(docker.stat().st_mode | stat.S_IXUSR)
-    host_dir = tmp_path / "srv" / "jobs" / "J1"
-    job = plan(
-        tmp_path, host_dirs={"node0": str(host_dir)}, bundle=str(bundle), resume_checkpoint=str(checkpoint)
-    )
-    transport = Local()
+    job_dir = tmp_path / "container" / "workspace" / "jobs" / "J1"
+    job = plan(tmp_path, job_dir=str(job_dir), bundle=str(bundle), **changes)
+    transport = Recording()
+    secrets = changes.pop("secrets", {})
     path = os.environ["PATH"]
     os.environ["PATH"] = f"{bin_dir}:{path}"
     try:
-        error = JobControl(job, "node0", transport, print, tmp_path / "interrupt").start()
+        control_ = JobControl(job, "node0", transport, print, tmp_path / "interrupt", secrets=secrets)
+        error = control_.start()
     finally:
         os.environ["PATH"] = path
+    return error, job_dir, transport
+
+
+def test_the_start_puts_the_files_in_place_and_starts_the_supervisor_in_the_container(tmp_path: Path) -> None:
+    """The job's files are fed into the node container and written there (never by the server's root in the
+    container-writable workspace); the job's directory is 0700, its secrets 0600 and never on a command
+    line; the copies put on the server are gone."""
+    checkpoint = tmp_path / "epoch-00002.ckpt"
+    checkpoint.write_bytes(b"DDPCKPT1")
+    token = "hf_secret_value_42"
+    error, job_dir, transport = start_here(
+        tmp_path, resume_checkpoint=str(checkpoint), secrets={"HF_TOKEN": token}
+    )
     assert error == ""
-    assert (host_dir / "train.py").read_text() == "print('hi')\n"
-    assert (host_dir / "output" / "checkpoints" / "epoch-00002.ckpt").read_bytes() == b"DDPCKPT1"
+    assert (job_dir / "train.py").read_text() == "print('hi')\n"
+    assert (job_dir / "output" / "checkpoints" / "epoch-00002.ckpt").read_bytes() == b"DDPCKPT1"
+    assert sorted(path.name for path in (job_dir / "output" / "checkpoints").iterdir()) == [
+        "epoch-00002.ckpt"
+    ]
+    assert stat.S_IMODE(job_dir.stat().st_mode) == 0o700
+    assert json.loads((job_dir / "secrets.json").read_text()) == {"HF_TOKEN": token}
+    assert stat.S_IMODE((job_dir / "secrets.json").stat().st_mode) == 0o600
+    assert not any(token in command for command in transport.commands)
+    start = transport.commands[-1]
+    assert start.startswith("docker exec -i node0 ") and "/srv/ddp" not in start  # all in the container
     args = (tmp_path / "docker-args").read_text().splitlines()
     assert args[:4] == ["exec", "-d", "node0", "/bin/bash"]
-    assert "exec python -m ddp_cluster.supervise --job-dir /workspace/jobs/J1 >" in args[-1]
+    assert f"exec python -m ddp_cluster.supervise --job-dir {job_dir} >" in args[-1]
     assert transport._folder is None  # its temporary copies are gone
+    assert not list(Path(tempfile.gettempdir()).glob("ddp-secrets-*"))  # the controller's copy too
+
+
+def test_a_start_without_secrets_writes_no_secrets_file(tmp_path: Path) -> None:
+    error, job_dir, _ = start_here(tmp_path)
+    assert error == "" and (job_dir / "train.py").exists() and not (job_dir / "secrets.json").exists()
+
+
+@pytest.mark.parametrize("planted", ["jobs", "jobs/J1"])
+def test_a_link_planted_in_place_of_the_job_directory_is_refused_naming_it(
+    tmp_path: Path, planted: str
+) -> None:
+    """/workspace/jobs/ID -> /var/tmp (or jobs -> ...) planted in the node container: the start refuses it,
+    named, and writes nothing through it."""
+    elsewhere = tmp_path / "var-tmp"
+    (elsewhere / "J1").mkdir(parents=True)
+    workspace = tmp_path / "container" / "workspace"
+    (workspace / "jobs").mkdir(parents=True)
+    if planted == "jobs":
+        (workspace / "jobs").rmdir()
+    (workspace / planted).symlink_to(elsewhere / "J1" if planted.endswith("J1") else elsewhere)
+    error, _, _ = start_here(tmp_path, secrets={"T": "a-secret"})
+    assert f"{workspace / planted} in node node0 is a symbolic link (to {elsewhere}" in error, error
+    assert "docker exec node0 rm" in error
+    assert list(elsewhere.rglob("*")) == [elsewhere / "J1"]
+    asked = tmp_path / "docker-args"  # the release of the claims after the failed start, not the supervisor
+    assert "ddp_cluster.supervise" not in (asked.read_text() if asked.exists() else "")
 
 
 def test_in_container_quotes_the_command_for_docker_exec() -> None:

@@ -28,11 +28,12 @@ container does not run (or its server does not answer).
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
 from ddp_cluster.job import node_jobs
 from ddp_cluster.job import plan as planning
+from ddp_cluster.job import secrets as job_secrets
 from ddp_cluster.job import status as job_status
 from ddp_cluster.job.spec import BUNDLE_FILE
 from ddp_cluster.job.status import Status
@@ -84,7 +86,14 @@ def follow_commands(job_id: str) -> list[str]:
 
 
 def attach_plan(runs: Path, job_id: str) -> dict[str, Any]:
-    """The plan of an earlier run (``runs``/<id>/plan.json), to follow the job without starting it."""
+    """The plan of an earlier run (``runs``/<id>/plan.json), to follow the job without starting it. Only a
+    run directory under ``runs`` is taken: the id is one name, and the plan's own run_dir must be that
+    directory (the collect and the report write there)."""
+    if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
+        raise AttachError(
+            f"attach={job_id!r} is not a job id (one name, the directory runs/<id>/):"
+            " `ansible-playbook jobs.yml` lists the cluster's jobs"
+        )
     try:
         facts = planning.load(runs / job_id)
     except (OSError, ValueError) as error:
@@ -95,6 +104,14 @@ def attach_plan(runs: Path, job_id: str) -> dict[str, Any]:
         ) from error
     if facts.get("kind") != "train":
         raise AttachError(f"attach={job_id} is a {facts.get('label')}, not a job")
+    named, expected = str(facts.get("run_dir") or ""), (runs / job_id).resolve()
+    if not named or Path(named).resolve() != expected:
+        raise AttachError(
+            f"attach={job_id}: {runs / job_id}/{planning.PLAN_FILE} names another run directory"
+            f" ({named or 'none'}), not {expected}: it was not written by this controller's plan (a job's"
+            " output may not replace it); nothing was collected there. Plan the job again, or restore the"
+            " plan.json that train.yml wrote"
+        )
     return {**facts, "attach": True, "detach": False}
 
 
@@ -117,22 +134,66 @@ def last_words_of(output: str) -> str:
     return " / ".join(lines[-3:])[-600:] if lines else "it said nothing (killed, or it crashed at start)"
 
 
-def start_command(plan: Mapping[str, Any], node: str, bundle: str, checkpoint: str = "") -> str:
-    """The first node's server: the job's files (``bundle`` and ``checkpoint``, put there already) into the
-    job's directory, then the supervisor started detached in the node container."""
-    where = shlex.quote(str(plan["host_dirs"][node]))
-    steps = [
-        f"mkdir -p {where}/output/{checkpoint_names.FOLDER}",
-        f"cp {shlex.quote(bundle)} {where}/{BUNDLE_FILE}",
-        f"tar -xzf {where}/{BUNDLE_FILE} -C {where}",
-    ]
+def fed(container: str, command: str, source: str) -> str:
+    """``command`` run in the node container with the server's file ``source`` on its standard input."""
+    return (
+        f"docker exec -i {shlex.quote(container)} /bin/sh -c {shlex.quote(command)} < {shlex.quote(source)}"
+    )
+
+
+def link_check(path: str, node: str) -> str:
+    """The node's shell test that refuses ``path`` when it is a symbolic link, naming it and the fix."""
+    where = shlex.quote(path)
+    before = f"{path} in node {node} is a symbolic link (to "
+    after = (
+        "), not a directory: something in the node container made it (a job's code can); nothing was"
+        f" written through it. Remove it (docker exec {node} rm {path}) and run the job again"
+    )
+    said = f'{shlex.quote(before)}"$(readlink {where})"{shlex.quote(after)}'
+    return f"if [ -L {where} ]; then echo {said} >&2; exit 3; fi"
+
+
+def start_command(
+    plan: Mapping[str, Any], node: str, bundle: str, checkpoint: str = "", secrets_file: str = ""
+) -> str:
+    """The first node's server: the job's files (``bundle``, ``checkpoint`` and ``secrets_file``, put there
+    already) into the job's directory, then the supervisor started detached in the node container.
+
+    The files are fed into the node container and written there by its own root: the job's directory is in
+    the workspace a job's code can write, so nothing of it is touched by the server's root (a link planted
+    there leads nowhere on the server). A link in place of the jobs' directory or the job's is refused,
+    named. The job's directory is 0700, its secrets 0600; the copy of the secrets put on the server is
+    removed once installed (its values are never on a command line)."""
+    job_dir = str(plan["job_dir"]).rstrip("/")
+    where, folder = shlex.quote(job_dir), shlex.quote(f"{job_dir}/output/{checkpoint_names.FOLDER}")
+    jobs = node_jobs.jobs_dir(job_dir)
+    unpack = "; ".join(
+        [
+            "set -e",
+            "umask 077",
+            link_check(jobs, node),
+            f"mkdir -p {shlex.quote(jobs)}",
+            link_check(job_dir, node),
+            f"mkdir -p {where}",
+            f"chmod 0700 {where}",
+            f"mkdir -p {folder}",
+            f"cat > {where}/{BUNDLE_FILE}",
+            f"tar -xzf {where}/{BUNDLE_FILE} -C {where} --no-same-owner",
+        ]
+    )
+    steps = [fed(node, unpack, bundle)]
     if checkpoint:
         name = shlex.quote(Path(checkpoint).name)
-        steps.append(f"cp {shlex.quote(checkpoint)} {where}/output/{checkpoint_names.FOLDER}/{name}")
-    job_dir = shlex.quote(str(plan["job_dir"]))
+        install = f"umask 077 && cat > {folder}/.{name}.tmp && mv -f {folder}/.{name}.tmp {folder}/{name}"
+        steps.append(fed(node, install, checkpoint))
+    if secrets_file:
+        target = f"{where}/{job_secrets.FILE}"
+        install = f"umask 077 && cat > {target}.tmp && chmod 0600 {target}.tmp && mv -f {target}.tmp {target}"
+        put = shlex.quote(secrets_file)
+        steps.append(f"{{ {fed(node, install, secrets_file)}; done=$?; rm -f {put}; [ $done = 0 ]; }}")
     supervise = (
-        f". {node_jobs.NODE_ENV} && exec python -m ddp_cluster.supervise --job-dir {job_dir}"
-        f" > {job_dir}/supervisor.log 2>&1"
+        f". {node_jobs.NODE_ENV} && exec python -m ddp_cluster.supervise --job-dir {where}"
+        f" > {where}/supervisor.log 2>&1"
     )
     steps.append(in_container(node, supervise, detach=True, shell="/bin/bash"))
     return " && ".join(steps)
@@ -149,6 +210,8 @@ class JobControl:
     interrupt: Path
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # the job's secret_env: NAME -> value, read on the controller at the start; installed as JOB/secrets.json
+    secrets: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.label = f"{self.plan['label']} {self.plan['id']}"
@@ -350,7 +413,8 @@ class JobControl:
             bundle = self.transport.put(str(self.plan["bundle"]))
             checkpoint = self.plan.get("resume_checkpoint") or ""
             put = self.transport.put(str(checkpoint)) if checkpoint else ""
-            done = self.transport.run(start_command(self.plan, self.node, bundle, put))
+            secrets_file = self.put_secrets()
+            done = self.transport.run(start_command(self.plan, self.node, bundle, put, secrets_file))
         except Unreachable as error:
             if claimed:
                 self.release()
@@ -360,6 +424,19 @@ class JobControl:
         if done.rc != 0:
             self.release()
         return "" if done.rc == 0 else done.said()
+
+    def put_secrets(self) -> str:
+        """The job's secrets put on the first node's server, from a 0600 file on the controller removed at
+        once; '' when the job has none."""
+        if not self.secrets:
+            return ""
+        descriptor, local = tempfile.mkstemp(prefix="ddp-secrets-", suffix=".json")
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(job_secrets.dumps(self.secrets))
+            return self.transport.put(local)
+        finally:
+            Path(local).unlink(missing_ok=True)
 
     def release(self) -> None:
         """The job's claims released after a start that failed (else its nodes stay busy until stale)."""
