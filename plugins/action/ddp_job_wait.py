@@ -4,7 +4,8 @@ within a bound; with ``detach`` return once every rank runs; with ``attach`` sta
 The lifecycle is :class:`ddp_cluster.job.control.JobControl` (start, wait, detach, attach, stop, the first
 node gone, the bound, Ctrl-C), unit-tested with a fake transport; this action hands it a transport on the
 task's own connection to the first node's server (no module) and the file the ``ddp_job_interrupt`` callback
-leaves on Ctrl-C. The last status read is returned and written to runs/<id>/status.json on the controller.
+leaves on Ctrl-C, and the values of the job's secret_env from the controller's environment (a start only).
+The last status read is returned and written to runs/<id>/status.json on the controller.
 
     - ddp_job_wait:
         plan: "{{ _ddp_job_plan }}"
@@ -24,6 +25,7 @@ from ansible.utils.display import Display
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
+from ddp_cluster.job import secrets
 from ddp_cluster.job.control import JobControl, interrupt_file
 from ddp_cluster.job.transport import ActionTransport
 
@@ -42,5 +44,10 @@ class ActionModule(ActionBase):
         transport = ActionTransport(self, (AnsibleError,))
         # The callback runs in the playbook's own process, this action's parent.
         interrupt = interrupt_file(os.getppid())
-        control = JobControl(self._task.args["plan"], node, transport, display.display, interrupt)
+        plan = self._task.args["plan"]
+        try:  # the job's secret_env, from this controller's environment now (the plan kept the names only)
+            values = secrets.for_start(plan, os.environ)
+        except secrets.SecretError as error:
+            return {**result, "failed": True, "msg": f"{error}; nothing was started"}
+        control = JobControl(plan, node, transport, display.display, interrupt, secrets=values)
         return {**result, **control.run()}
