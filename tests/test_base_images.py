@@ -264,5 +264,5 @@ def test_a_base_without_a_package_manager_that_has_everything_builds_and_runs_a_
     job = f"test-no-pm-{uuid.uuid4().hex[:6]}"
     train = run_playbook("train.yml", extravars={"job_id": job, "nodes": 2, "script_args": QUICK})
     assert train.rc == 0, train.stdout[-4000:]
-    result = json.loads((REPO / "runs" / job / "summary.json").read_text())
+    result = json.loads((REPO / "runs" / job / "output" / "summary.json").read_text())
     assert result["world_size"] == 2 and result["accuracy"] >= 0.8

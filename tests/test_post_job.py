@@ -57,14 +57,14 @@ def test_succeeded_job_without_metrics_succeeds_with_a_warning(
         flat = " ".join(result.stdout.split())  # the output callback folds long messages
         assert f"[WARNING] job {job}: {warning}" in flat, result.stdout[-4000:]
         assert f"job {job}: succeeded in" in result.stdout
-        assert not (RUNS / job / "loss.png").exists()
+        assert not (RUNS / job / "output" / "loss.png").exists()
 
 
 def test_summary_figures_are_rounded(local_cluster: PlaybookResult) -> None:
     job = job_id("rounded")
     result = train(job, script_args=QUICK)
     assert result.rc == 0, result.stdout[-4000:]
-    summary = json.loads((RUNS / job / "summary.json").read_text())
+    summary = json.loads((RUNS / job / "output" / "summary.json").read_text())
     loss = re.search(r"final loss: ([0-9.e+-]+); accuracy: ([0-9.]+)", result.stdout)
     assert loss is not None, result.stdout[-3000:]
     assert loss.group(1) == f"{summary['final_loss']:.4g}" and loss.group(2) == f"{summary['accuracy']:.4f}"

@@ -32,7 +32,7 @@ def train(job: str, **extravars: object) -> PlaybookResult:
 
 
 def summary(job: str) -> dict[str, object]:
-    return json.loads((RUNS / job / "summary.json").read_text())
+    return json.loads((RUNS / job / "output" / "summary.json").read_text())
 
 
 def assert_results(job: str, world_size: int) -> None:
@@ -41,9 +41,9 @@ def assert_results(job: str, world_size: int) -> None:
     assert result["world_size"] == world_size
     ranks = sorted(p.name for p in (run / "logs").iterdir() if p.name.startswith("rank."))
     assert [f"rank.{rank}.log" for rank in range(world_size)] == ranks
-    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 4
-    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch-00004.ckpt"]
+    assert len((run / "output" / "metrics.jsonl").read_text().splitlines()) >= 4
+    assert (run / "output" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (run / "output" / "checkpoints").iterdir()) == ["epoch-00004.ckpt"]
 
 
 def no_job_processes(node: str, job: str) -> bool:
@@ -258,7 +258,7 @@ def test_dead_node_fails_the_job_and_resume_finishes_it(local_cluster: PlaybookR
     assert took < 60, f"train.yml took {took:.0f} s to fail after node1 died"
     assert f"job {job} failed: node node1 stopped answering ssh" in output, output[-4000:]
     assert no_job_processes("node0", job)
-    fetched = sorted((RUNS / job / "checkpoints").glob("epoch-*.ckpt"))
+    fetched = sorted((RUNS / job / "output" / "checkpoints").glob("epoch-*.ckpt"))
     assert fetched, "the failed job's latest checkpoint did not come back"
 
     back = run_playbook("site.yml")
@@ -282,4 +282,4 @@ def test_accelerator_a_rank_cannot_use_fails_the_job_naming_node_rank_and_reason
     assert re.search(
         r"node node[01] rank [01]/2: error: device cuda was asked for but no cuda device", result.stdout
     ), result.stdout[-3000:]
-    assert not (RUNS / job / "summary.json").exists()
+    assert not (RUNS / job / "output" / "summary.json").exists()

@@ -89,7 +89,7 @@ def test_two_jobs_started_together_on_the_same_nodes_one_runs_the_other_is_refus
     # the refused job started nothing: no supervisor, no status, no rank, on either node
     assert not (job_dir("node0", jobs[loser]) / "status.json").exists()
     assert processes("node0", jobs[loser]) == "" and processes("node1", jobs[loser]) == ""
-    summary = json.loads((RUNS / jobs[winner] / "summary.json").read_text())
+    summary = json.loads((RUNS / jobs[winner] / "output" / "summary.json").read_text())
     assert summary["epochs"] == 200 and summary["world_size"] == 2
     # the winner's claim went with its supervisor: the nodes are free for the next job
     for node in ("node0", "node1"):

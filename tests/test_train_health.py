@@ -24,7 +24,7 @@ def job_id(name: str) -> str:
 
 
 def health_of(run: Path) -> dict[str, object]:
-    results: dict[str, object] = json.loads((run / "health.json").read_text())
+    results: dict[str, object] = json.loads((run / "output" / "health.json").read_text())
     return results
 
 
@@ -61,12 +61,12 @@ def test_preflight_runs_the_gate_then_the_job_and_keeps_its_results(local_cluste
     gate, job_text = result.stdout.split("PLAY [Plan the job]")
     assert "health gate PASSED" in gate and f"health gate {job}-preflight: succeeded" in gate
     assert f"job {job}: succeeded" in job_text
-    assert f"health gate: passed before the job, {RUNS / job}/health.json" in job_text
+    assert f"health gate: passed before the job, {RUNS / job}/output/health.json" in job_text
     assert health_of(RUNS / job)["launcher"] == "torchrun"
-    assert (RUNS / job / "preflight" / "health.json").read_bytes() == (
-        RUNS / job / "health.json"
+    assert (RUNS / job / "preflight" / "output" / "health.json").read_bytes() == (
+        RUNS / job / "output" / "health.json"
     ).read_bytes()
-    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 2
 
 
 def test_preflight_packs_a_project_once_for_the_gate_and_the_job(local_cluster: PlaybookResult) -> None:

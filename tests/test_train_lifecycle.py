@@ -105,7 +105,7 @@ def test_detach_then_list_then_attach_collects_it(three: None) -> None:
     assert status_of(job).get("ranks_running") is True and status_of(job).get("state") == "running"
     assert processes("node1", job), "detach returned before node1's rank ran"
     assert took < 30, f"detach took {took:.0f} s"
-    assert not (RUNS / job / "summary.json").exists()
+    assert not (RUNS / job / "output" / "summary.json").exists()
 
     started = time.monotonic()
     listed = playbook("jobs.yml")
@@ -119,7 +119,7 @@ def test_detach_then_list_then_attach_collects_it(three: None) -> None:
     attached = playbook("train.yml", attach=job)
     assert attached.rc == 0, attached.stdout[-4000:]
     assert f"job {job}: succeeded" in attached.stdout
-    summary = json.loads((RUNS / job / "summary.json").read_text())
+    summary = json.loads((RUNS / job / "output" / "summary.json").read_text())
     assert summary["epochs"] == 200 and summary["world_size"] == 2
     assert (RUNS / job / "logs" / "rank.1.log").is_file()
 
@@ -176,14 +176,14 @@ def test_a_killed_controller_leaves_the_job_running_and_attach_collects_it(three
     attached = playbook("train.yml", attach=job)
     assert attached.rc == 0, attached.stdout[-4000:]
     assert f"job {job}: succeeded" in attached.stdout
-    assert json.loads((RUNS / job / "summary.json").read_text())["epochs"] == 40
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["epochs"] == 40
 
 
 def test_a_lost_node_is_replaced_by_the_spare_and_the_job_finishes(three: None) -> None:
     reference = job_id("undisturbed")
     undisturbed = playbook("train.yml", job_id=reference, nodes=2, script_args=LONG)
     assert undisturbed.rc == 0, undisturbed.stdout[-4000:]
-    expected = json.loads((RUNS / reference / "summary.json").read_text())["accuracy"]
+    expected = json.loads((RUNS / reference / "output" / "summary.json").read_text())["accuracy"]
 
     job = job_id("spare")
     proc = start(job, LONG, "-e", "max_restarts=1")
@@ -203,7 +203,7 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_finishes(three: None) 
     again = float(restart["lost_at"]) + float(restart["training_again_s"]) - killed
     assert again < 60, f"training again {again:.0f} s after node1 was killed"
     assert 0 <= restart["steps_redone"] <= 60, restart
-    summary = json.loads((RUNS / job / "summary.json").read_text())
+    summary = json.loads((RUNS / job / "output" / "summary.json").read_text())
     assert summary["restarts"][0]["spares_taken"] == ["node2"]
     assert abs(summary["accuracy"] - expected) <= 0.02, (summary["accuracy"], expected)
     assert f"job {job}: 1 restart(s) of max_restarts=1" in output
@@ -223,7 +223,7 @@ def test_without_a_spare_min_nodes_lets_it_finish_on_fewer(three: None) -> None:
     assert proc.returncode == 0, output[-5000:]
     [restart] = json.loads((RUNS / job / "status.json").read_text())["restarts"]
     assert restart["nodes_after"] == ["node0", "node1"] and restart["spares_taken"] == []
-    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 2
 
 
 def test_restarts_exhausted_fail_as_before_naming_both_losses(three: None) -> None:

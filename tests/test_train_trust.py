@@ -59,7 +59,7 @@ def test_the_first_node_killed_its_standby_takes_the_job_over_on_the_spare() -> 
     reference = job_id("trust-undisturbed")
     undisturbed = playbook("train.yml", job_id=reference, nodes=2, script_args=LONG)
     assert undisturbed.rc == 0, undisturbed.stdout[-4000:]
-    expected = json.loads((RUNS / reference / "summary.json").read_text())["accuracy"]
+    expected = json.loads((RUNS / reference / "output" / "summary.json").read_text())["accuracy"]
 
     job = job_id("takeover")
     proc = start(job, LONG, "-e", "max_restarts=1")
@@ -87,7 +87,7 @@ def test_the_first_node_killed_its_standby_takes_the_job_over_on_the_spare() -> 
     # checkpoint behind rank 0's, by the time a copy takes (one to two seconds here, up to 400 steps of this
     # small job, which checkpoints three times a second; a real job's checkpoints are minutes apart).
     assert 0 <= restart["steps_redone"] <= 50 + 400, restart
-    summary = json.loads((RUNS / job / "summary.json").read_text())
+    summary = json.loads((RUNS / job / "output" / "summary.json").read_text())
     assert summary["world_size"] == 2
     assert abs(summary["accuracy"] - expected) <= 0.02, (summary["accuracy"], expected)
     assert processes("node1", job) == "" and processes("node2", job) == ""
@@ -113,14 +113,16 @@ def test_the_first_node_killed_without_restarts_ends_cleanly_and_resumes_from_th
     assert f"train.yml -e resume=true -e resume_from={job}" in output
     print(f"node1's ranks stopped {stopped:.0f} s after node0 was killed")
     assert stopped < 60
-    assert any((RUNS / job / "checkpoints").glob("*.ckpt")), "the checkpoint copies did not come back"
+    assert any((RUNS / job / "output" / "checkpoints").glob("*.ckpt")), (
+        "the checkpoint copies did not come back"
+    )
 
     back = playbook("site.yml")
     assert back.rc == 0, back.stdout[-4000:]
     resumed = job_id("fromcopy")
     result = playbook("train.yml", job_id=resumed, nodes=2, resume=True, resume_from=job, script_args=LONG)
     assert result.rc == 0, result.stdout[-4000:]
-    assert json.loads((RUNS / resumed / "summary.json").read_text())["world_size"] == 2
+    assert json.loads((RUNS / resumed / "output" / "summary.json").read_text())["world_size"] == 2
 
 
 def test_a_frozen_node_is_lost_within_liveness_timeout_and_the_job_finishes_on_the_spare() -> None:

@@ -20,7 +20,7 @@ def test_train_across_servers(sim_cluster: PlaybookResult, launcher: str) -> Non
     job = job_id(launcher)
     result = train(job, nodes=2, launcher=launcher, script_args=QUICK)
     assert result.rc == 0, result.stdout[-5000:]
-    summary = json.loads((RUNS / job / "summary.json").read_text())
+    summary = json.loads((RUNS / job / "output" / "summary.json").read_text())
     assert summary["world_size"] == 2
     # torchrun: each worker's own log, and each node's agent's.
     agents = ["agent.0.log", "agent.1.log"] if launcher == "torchrun" else []
@@ -33,7 +33,7 @@ def test_the_health_gate_measures_across_servers_through_their_firewalls(sim_clu
     result = run_playbook("check.yml", extravars={"job_id": job, "nodes": 2}, inventory=SIM)
     assert result.rc == 0, result.stdout[-5000:]
     assert "health gate PASSED: 2 node(s), 2 rank(s), gloo on cpu, mpirun" in result.stdout
-    results = json.loads((RUNS / job / "health.json").read_text())
+    results = json.loads((RUNS / job / "output" / "health.json").read_text())
     assert [(pair["a"], pair["b"]) for pair in results["pairs"]] == [("sim-server0", "sim-server1")]
     assert results["pairs"][0]["busbw_gbps"] > 0 and results["check"]["ok"]
 
@@ -90,7 +90,7 @@ def test_a_killed_server_is_recovered_on_the_other_within_90s(sim_cluster: Playb
     assert restart["lost"] == ["sim-server1"] and restart["nodes_after"] == ["sim-server0"], restart
     again = float(restart["lost_at"]) + float(restart["training_again_s"]) - killed
     assert again < 90, f"training again {again:.0f} s after sim-server1 was killed"
-    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 1
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 1
     wait_engine("sim-server1")
 
 
@@ -124,5 +124,5 @@ def test_the_first_server_killed_its_standby_takes_over_within_90s(sim_cluster: 
     again = float(restart["lost_at"]) + float(restart["training_again_s"]) - killed
     print(f"training again {again:.1f} s after sim-server0 was killed")
     assert again < 90, f"training again {again:.0f} s after sim-server0 was killed"
-    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 1
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 1
     wait_engine("sim-server0")

@@ -273,7 +273,7 @@ def test_an_ngc_base_keeps_its_own_torch_and_trains(
     job = job_id("ngc")
     done = train(job, nodes=2, script_args=QUICK)
     assert done.rc == 0, done.stdout[-5000:]
-    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 2
     # Our default requirements pin PyPI's torch: on this base that is refused naming both, before any build.
     refused = run_playbook(
         "site.yml", {**gpu, "training_image_requirements": str(REPO / "docker" / "requirements.txt")},

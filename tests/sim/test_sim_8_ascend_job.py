@@ -62,7 +62,7 @@ def test_ascend_gate_measures_every_device_pair_and_names_a_slow_device_link(dev
     assert (
         f"health gate {job} failed: the link sim-server0 device 1 <-> sim-server1 device 1 is slow" in flat
     ), flat[-4000:]
-    health = json.loads((RUNS / job / "health.json").read_text())
+    health = json.loads((RUNS / job / "output" / "health.json").read_text())
     assert [(pair["a"], pair["b"], pair["device"]) for pair in health["pairs"]] == [
         ("sim-server0", "sim-server1", 0), ("sim-server0", "sim-server1", 1)
     ]  # fmt: skip
@@ -91,7 +91,7 @@ def test_ascend_gate_names_a_device_pair_that_hccn_ping_cannot_reach(ascend_clus
         " transmitted, 0 received, 100.00% packet loss)" in flat
     ), flat[-4000:]
     assert "device 0 ->" not in flat.split("hccn_tool -ping failed for")[1].split(".")[0]
-    assert not (RUNS / job / "health.json").exists()
+    assert not (RUNS / job / "output" / "health.json").exists()
 
 
 def npu_reports(job: str) -> list[dict[str, object]]:
@@ -154,7 +154,7 @@ def test_ascend_job_on_one_node_trains_on_cpu_when_asked_with_its_own_rank_table
     result = train(job, SIM_ASCEND, nodes=1, launcher="torchrun", device="cpu", script_args=QUICK)
     assert result.rc == 0, result.stdout[-5000:]
     assert "device cpu (asked for, on this npu cluster)" in result.stdout
-    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 1
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 1
     table = json.loads((RUNS / job / "nodes" / "sim-server0" / "rank_table.json").read_text())
     assert table["server_count"] == "1"
     assert [device["device_id"] for device in table["server_list"][0]["device"]] == ["0"]
@@ -168,7 +168,7 @@ def test_ascend_gate_reports_cann_and_the_driver_and_names_a_server_whose_driver
         "check.yml", extravars={"job_id": job, "nodes": 2, "device": "cpu"}, inventory=SIM_ASCEND
     )
     assert result.rc == 0, result.stdout[-5000:]
-    report = json.loads((RUNS / job / "health.json").read_text())["reports"][1]
+    report = json.loads((RUNS / job / "output" / "health.json").read_text())["reports"][1]
     # CANN's version from the toolkit's <arch>-linux/ascend_toolkit_install.info, as the CANN 8 package lays
     # it out.
     assert report["versions"]["cann"] == "8.2.RC1" and report["versions"]["npu_driver"] == "23.0.0"
@@ -211,5 +211,5 @@ def test_ascend_two_nodes_train_on_the_cann_base(ascend_cluster: PlaybookResult)
     job = job_id("npu-2")
     result = train(job, SIM_ASCEND, nodes=2, device="cpu", script_args=QUICK)
     assert result.rc == 0, result.stdout[-5000:]
-    summary = json.loads((RUNS / job / "summary.json").read_text())
+    summary = json.loads((RUNS / job / "output" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["accuracy"] >= 0.8

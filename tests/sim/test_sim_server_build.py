@@ -132,7 +132,7 @@ def test_a_job_trains_across_the_servers(built_on_server: PlaybookResult, no_doc
         "train.yml", extravars={"job_id": job, "nodes": 2, "script_args": QUICK}, env=no_docker, inventory=SIM
     )
     assert done.rc == 0, done.stdout[-5000:]
-    assert json.loads((RUNS / job / "summary.json").read_text())["world_size"] == 2
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 2
 
 
 def test_a_code_change_is_built_on_the_server_and_reaches_the_other(
