@@ -16,7 +16,7 @@ import pytest
 
 from ddp_cluster.errors import DistEnvError
 from ddp_cluster.runtime.distenv import DistEnv
-from ddp_cluster.runtime.store import bind, hosts_store, launcher_store, option, rank_store
+from ddp_cluster.runtime.store import bind, hosted_store, hosts_store, launcher_store, option, rank_store
 
 from conftest import clean_environ, free_port
 
@@ -42,6 +42,8 @@ def test_only_the_rank_that_starts_the_store_hosts_it(
     assert hosts_store(dist_env, environ) is hosts
     if not hosts:
         assert rank_store(dist_env, environ) is None
+        with hosted_store(dist_env, environ=environ) as store:
+            assert store is None
 
 
 @pytest.mark.parametrize(
@@ -88,23 +90,24 @@ RANK = textwrap.dedent(
     from datetime import timedelta
     import torch, torch.distributed as dist
     from ddp_cluster.runtime.distenv import resolve_dist_env
-    from ddp_cluster.runtime.store import rank_store
+    from contextlib import nullcontext
+    from ddp_cluster.runtime.store import hosted_store
 
     env = resolve_dist_env()
-    store = rank_store(env) if sys.argv[1] == "bound" else None
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{env.master_port}", rank=env.rank, world_size=env.world_size,
-        timeout=timedelta(seconds=60),
-    )
-    total = torch.ones(1)
-    dist.all_reduce(total)
-    if env.rank == 0:
-        with socket.socket() as probe:
-            probe.settimeout(2)
-            other = probe.connect_ex(("127.0.0.2", env.master_port)) == 0
-        print(f"sum={total.item():.0f} other-address-answers={other}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    with hosted_store(env, 60) if sys.argv[1] == "bound" else nullcontext():
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{env.master_port}", rank=env.rank,
+            world_size=env.world_size, timeout=timedelta(seconds=60),
+        )
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        if env.rank == 0:
+            with socket.socket() as probe:
+                probe.settimeout(2)
+                other = probe.connect_ex(("127.0.0.2", env.master_port)) == 0
+            print(f"sum={total.item():.0f} other-address-answers={other}", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
     """
 )
 

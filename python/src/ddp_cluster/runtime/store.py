@@ -14,7 +14,8 @@ listens on the cluster address alone. Measured with torch 2.13 (``ss -Htln``): `
 - :func:`rank_store`: a rank's: the server where this rank hosts the rendezvous (rank 0 of a job that
   ``init_process_group`` starts itself), None where another process hosts it (torchrun's agent: its ranks run
   with ``TORCHELASTIC_USE_AGENT_STORE=True``), where there is none (a single process), or under
-  torch_npu_run, whose ParallelStore has no such option.
+  torch_npu_run, whose ParallelStore has no such option; :func:`hosted_store` keeps it for a ``with`` block
+  (around the process group's).
 - ``python -m ddp_cluster.runtime.store RUNNER ARGS...``: a launcher module (``torch.distributed.run``) run in
   this process after the server is made, on the node of ``--node-rank 0``, from ``--master-addr`` and
   ``--master-port``: torchrun's agent then hosts its store on the cluster address alone.
@@ -29,7 +30,8 @@ import os
 import runpy
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -111,6 +113,19 @@ def rank_store(env: DistEnv, environ: Mapping[str, str] | None = None, timeout_s
     if not hosts_store(env, os.environ if environ is None else environ):
         return None
     return serve_master_store(env.master_addr, env.master_port, timeout_s)
+
+
+@contextmanager
+def hosted_store(
+    env: DistEnv, timeout_s: float = 300.0, environ: Mapping[str, str] | None = None
+) -> Iterator[Any]:
+    """:func:`rank_store` for the length of a ``with`` block: enter it before the process group is made, leave
+    it after the group is destroyed."""
+    store = rank_store(env, environ, timeout_s)
+    try:
+        yield store
+    finally:
+        del store
 
 
 def option(args: Sequence[str], name: str) -> str | None:
