@@ -19,7 +19,9 @@ from ddp_cluster.image.base import (
     best_tag,
     conflicts,
     make_wheelhouse,
+    mask_pip_args,
     minimum_python,
+    pip_secrets,
     placeholder_wheel,
     probe_problems,
     problems,
@@ -28,6 +30,7 @@ from ddp_cluster.image.base import (
     registry_of,
     wheelhouse_inputs,
 )
+from ddp_cluster.image.base import _cli as base_cli
 
 NGC_TORCH = "2.13.0a0+4c1f3e2a9b.nv26.10"
 
@@ -205,6 +208,49 @@ def test_a_dependency_that_needs_another_torch_is_refused_naming_it(tmp_path: Pa
         f"(filelock==3.20.0, numpy==1.24.0, torch=={NGC_TORCH})" in said
     )
     assert "torch>=2.14" in said and list(dest.glob("*.whl")) == []
+
+
+def test_every_value_of_the_pip_arguments_is_masked_and_no_option_is() -> None:
+    pip_args = [
+        "--extra-index-url", "https://ci-user:s3cr%40t-9@pypi.example.com/simple",
+        "--index-url=https://tok-1234@pypi.fury.io/team/", "--pre", "--find-links", "/srv/wheels",
+    ]  # fmt: skip
+    found = pip_secrets(pip_args)
+    for value in ("https://ci-user:s3cr%40t-9@pypi.example.com/simple", "ci-user", "s3cr%40t-9", "s3cr@t-9",
+                  "https://tok-1234@pypi.fury.io/team/", "tok-1234", "/srv/wheels"):  # fmt: skip
+        assert value in found, value
+    assert not {"--extra-index-url", "--pre", "--find-links"} & set(found)
+    # pip itself prints an index with its user masked; the rest of the URL is ours to hide.
+    said = "Looking in indexes: https://ci-user:****@pypi.example.com/simple, https://****@pypi.fury.io/team/"
+    masked = mask_pip_args(said + "\nERROR: token tok-1234 refused", pip_args)
+    assert "ci-user" not in masked and "tok-1234" not in masked and "Looking in indexes:" in masked
+    assert mask_pip_args("a b c", []) == "a b c"
+
+
+def test_the_download_reads_its_pip_arguments_from_a_file_it_removes_and_masks_them_in_its_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    index, dest = tmp_path / "index", tmp_path / "wheelhouse"
+    index.mkdir(), dest.mkdir()
+    plain_wheel(index, "needs-new-torch", "1.0", ["torch>=2.14"])
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("needs-new-torch\n")
+    probe = tmp_path / "probe.txt"
+    probe.write_text(probe_text({"torch": {"name": "torch", "version": "2.13.0", "location": "/usr/lib"}}))
+    args_file = tmp_path / ".pip-args.json"
+    # An argument pip refuses is said back in its error: the value is a secret's stand-in.
+    args_file.write_text(json.dumps([*offline(index), "--progress-bar=tok-5678"]))
+    argv = ["wheelhouse", "--image", "cann", "--probe", str(probe), "--requirements", str(requirements),
+            "--dest", str(dest), "--python-version", "3.11", "--platform", "any", "--pip-args-file",
+            str(args_file)]  # fmt: skip
+    assert base_cli(argv) == 1
+    said = capsys.readouterr().err
+    assert not args_file.exists()
+    assert "pip could not resolve" in said and "invalid choice: '***'" in said, said
+    assert "tok-5678" not in said, said
+    args_file.write_text('{"not": "a list"}')
+    assert base_cli(argv) == 1
+    assert "must hold a JSON list of strings" in capsys.readouterr().err and not args_file.exists()
 
 
 def test_no_torch_anywhere_is_refused(tmp_path: Path) -> None:

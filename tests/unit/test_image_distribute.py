@@ -1,13 +1,21 @@
 """The image stage's registry distribution (ddp_cluster.image.distribute, the role's module
-ddp_image_distribute ships it as module_utils) and the ssh targets it logs in with
-(plugins/filter/ddp_cluster.py): the pieces, without a registry or an engine, and the module run by Ansible.
-The controller's registry started and stopped for real: tests/test_controller_registry.py; the whole path
-runs on the simulated servers (tests/sim/test_sim_5_image.py)."""
+ddp_image_distribute ships it as module_utils), each server's side of it (the role's files/pull-image.sh, with
+a docker double) and the ssh targets it logs in with (plugins/filter/ddp_cluster.py): the pieces, without a
+registry or an engine, and the module run by Ansible; and the stage's secrets (the registry's password, the
+pip arguments) kept out of argv, Ansible's output and the image. The controller's registry started and stopped
+for real: tests/test_controller_registry.py; the whole path runs on the simulated servers
+(tests/sim/test_sim_5_image.py)."""
 
 from __future__ import annotations
 
+import base64
+import ctypes
+import ctypes.util
 import importlib.util
+import json
 import os
+import re
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -15,11 +23,18 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 from rolemodule import run_role_module
 
 from ddp_cluster.image import distribute as dist
 
 REPO = Path(__file__).resolve().parents[2]
+ROLE = REPO / "roles" / "training_image"
+PULL_SCRIPT = ROLE / "files" / "pull-image.sh"
+DIGEST = "sha256:6087a7c117ca9ea0ac4b4e3b45534ac95779d8b0ca533dfdff6a1cc1e293bcc4"
+BUILT_ID = "sha256:2ada85227f55b01da1014b2f82fb37d388f0511e20173b6555aa40f2b19e371e"
+OTHER_ID = "sha256:" + "e" * 64
+PULLED = f"127.0.0.1:15000/ddp-cluster/node@{DIGEST}"
 
 
 def _load(name: str, path: Path) -> ModuleType:
@@ -76,18 +91,138 @@ def test_bytes_served_sum_the_registrys_get_responses() -> None:
     assert dist.bytes_served(log) == 1736
 
 
-def test_the_pull_runs_over_ssh_with_the_tunnel_only_for_the_controllers_registry() -> None:
+def test_the_pull_runs_the_servers_script_over_ssh_with_the_tunnel_only_for_the_controllers_registry() -> (
+    None
+):
     ssh = ["ssh", "-o", "StrictHostKeyChecking=yes", "-p", "2222", "10.0.0.5"]
-    command = dist.pull_command("127.0.0.1:15000/ddp-cluster/node:ab", "ddp-cluster/node:ab")
-    assert command == (
-        "docker pull 127.0.0.1:15000/ddp-cluster/node:ab && docker tag 127.0.0.1:15000/ddp-cluster/node:ab "
-        "ddp-cluster/node:ab && docker rmi 127.0.0.1:15000/ddp-cluster/node:ab >/dev/null"
-    )
+    command = dist.pull_command("SCRIPT", PULLED, "ddp-cluster/node:ab", BUILT_ID)
+    assert shlex.split(command) == ["sh", "-c", "SCRIPT", "ddp-pull", PULLED, "ddp-cluster/node:ab", BUILT_ID]
     argv = dist.ssh_pull_argv(ssh, command, 15000)
     assert argv[:5] == ssh[:5] and argv[-2:] == ["10.0.0.5", command]
     assert "ExitOnForwardFailure=yes" in argv and "BatchMode=yes" in argv
     assert argv[argv.index("-R") + 1] == "127.0.0.1:15000:127.0.0.1:15000"
     assert "-R" not in dist.ssh_pull_argv(ssh, command, None)
+    # The registry's login and the tunnel's key travel on stdin, the login first.
+    assert dist.pull_input("QVVUSA==") == "QVVUSA==\n"
+    assert dist.pull_input("QVVUSA==", "-----BEGIN KEY-----\n") == "QVVUSA==\n-----BEGIN KEY-----\n"
+
+
+PUSH = f"""The push refers to repository [127.0.0.1:15000/ddp-cluster/node]
+02c5ea5f2dfa: Preparing
+9f00aa11bb22: Layer already exists
+02c5ea5f2dfa: Pushed
+ab12: digest: {DIGEST} size: 1573
+"""
+
+
+def test_the_servers_pull_by_the_digest_the_push_said() -> None:
+    assert dist.pushed_digest(PUSH, "r") == DIGEST
+    with pytest.raises(
+        dist.DistributionError, match="did not say the image's digest, which the servers pull by"
+    ):
+        dist.pushed_digest("02c5ea5f2dfa: Pushed\n", "127.0.0.1:15000/ddp-cluster/node:ab12")
+    assert dist.digest_reference("127.0.0.1:15000/ddp-cluster/node:ab12", DIGEST) == PULLED
+    assert (
+        dist.digest_reference("harbor.example.com:5443/ml/ddp-cluster/node:ab12", DIGEST)
+        == f"harbor.example.com:5443/ml/ddp-cluster/node@{DIGEST}"
+    )
+    assert dist.digest_reference("registry:5000/node", DIGEST) == f"registry:5000/node@{DIGEST}"
+
+
+def _crypt(password: str, setting: str) -> str:
+    library = ctypes.CDLL(ctypes.util.find_library("crypt"))
+    library.crypt.restype = ctypes.c_char_p
+    library.crypt.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    return str(library.crypt(password.encode(), setting.encode()).decode())
+
+
+def test_the_registrys_password_is_new_each_time_and_stored_as_bcrypt() -> None:
+    password = dist.registry_password()
+    assert re.fullmatch(r"[0-9a-f]{32}", password) and password != dist.registry_password()
+    hashed = dist.bcrypt_hash(password)
+    assert re.fullmatch(r"\$2b\$04\$[./A-Za-z0-9]{53}", hashed), hashed
+    assert hashed != dist.bcrypt_hash(password)  # salted
+    # Checked as the registry checks it: the hash is its own setting.
+    assert _crypt(password, hashed) == hashed and _crypt("another", hashed) != hashed
+    assert base64.b64decode(dist.registry_auth(password)).decode() == f"ddp-cluster:{password}"
+
+
+def test_the_push_is_logged_in_by_a_configuration_of_its_own(tmp_path: Path) -> None:
+    directory = dist.docker_config(str(tmp_path / "docker"), "127.0.0.1:15000", "QVVUSA==")
+    path = Path(directory) / "config.json"
+    assert json.loads(path.read_text()) == {"auths": {"127.0.0.1:15000": {"auth": "QVVUSA=="}}}
+    assert path.stat().st_mode & 0o777 == 0o600 and Path(directory).stat().st_mode & 0o777 == 0o700
+    assert dist.push_env(directory)["DOCKER_CONFIG"] == directory
+
+
+DOCKER = r"""#!/bin/sh
+# docker double: each call and the client configuration it ran with; `image inspect` answers $DDP_FAKE_ID.
+{ printf 'docker %s\n' "$*"; printf 'config %s\n' "${DOCKER_CONFIG:-none}"
+  [ -n "${DOCKER_CONFIG:-}" ] && cat "$DOCKER_CONFIG/config.json"; } >> "$DDP_FAKE_LOG"
+case "$1" in
+  pull) echo "0123456789ab: Pull complete"; echo "Digest: ${2#*@}" ;;
+  image) echo "$DDP_FAKE_ID" ;;
+esac
+"""
+
+
+def run_pull_script(tmp_path: Path, stdin: str, got: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """files/pull-image.sh as a server runs it (no tunnel), with a docker double whose pulled image has the ID
+    ``got``; its result and the double's log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text(DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    log = tmp_path / "docker.log"
+    log.unlink(missing_ok=True)
+    env = os.environ | {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "DDP_FAKE_LOG": str(log),
+        "DDP_FAKE_ID": got,
+    }
+    env.pop("DOCKER_CONFIG", None)
+    done = subprocess.run(
+        ["sh", str(PULL_SCRIPT), PULLED, "ddp-cluster/node:ab12", BUILT_ID],
+        input=stdin, capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    return done, log.read_text()
+
+
+def test_a_server_pulls_by_digest_logged_in_for_the_pull_only_and_names_the_image_it_checked(
+    tmp_path: Path,
+) -> None:
+    done, log = run_pull_script(tmp_path, "QVVUSA==\n", BUILT_ID)
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = [line for line in log.splitlines() if line.startswith("docker ")]
+    assert calls == [
+        f"docker pull {PULLED}",
+        f"docker image inspect --format {{{{.Id}}}} {PULLED}",
+        f"docker tag {BUILT_ID} ddp-cluster/node:ab12",
+        f"docker rmi {PULLED}",
+    ]
+    # Logged in to the registry only, in a configuration of its own, gone with the script.
+    assert '{"auths": {"127.0.0.1:15000": {"auth": "QVVUSA=="}}}' in log
+    config = next(line for line in log.splitlines() if line.startswith("config "))[len("config ") :]
+    assert config.startswith("/tmp/ddp-pull.") and not Path(config).exists()
+    assert done.stdout.splitlines()[-2:] == [f"pulled: {PULLED}", f"image_id: {BUILT_ID}"]
+    result = dist.pull_result(done, 0.0, 60, "")
+    assert (result["pulled"], result["image_id"], result["layers_pulled"]) == (PULLED, BUILT_ID, 1)
+    # The user's registry: no login line, the server's own configuration.
+    done, log = run_pull_script(tmp_path, "\n", BUILT_ID)
+    assert done.returncode == 0 and "config none" in log and "auths" not in log
+
+
+def test_an_image_pulled_by_digest_with_another_id_is_removed_and_refused_naming_both(tmp_path: Path) -> None:
+    done, log = run_pull_script(tmp_path, "QVVUSA==\n", OTHER_ID)
+    assert done.returncode == dist.WRONG_IMAGE
+    calls = [line for line in log.splitlines() if line.startswith("docker ")]
+    assert calls[-1] == f"docker rmi {PULLED}" and not any(call.startswith("docker tag") for call in calls)
+    said = dist.pull_error(done.returncode, done.stdout + done.stderr, 15000)
+    assert said.startswith(f"the image pulled by digest ({PULLED}) has the ID {OTHER_ID}, not {BUILT_ID}"), (
+        said
+    )
+    assert "nothing was named ddp-cluster/node:ab12" in said
+    assert dist.receiver_error(done.returncode, done.stdout, "atlas0", 15000) == said
 
 
 def test_a_tunnel_that_cannot_open_says_what_to_do() -> None:
@@ -137,12 +272,17 @@ def test_a_taken_port_or_a_missing_registry_is_named(tmp_path: Path) -> None:
         taken = pytest.raises(
             dist.DistributionError, match=f"port {port} on the controller's loopback is taken"
         )
-        with taken, dist.controller_registry("docker-registry", str(tmp_path / "s"), port, str(tmp_path)):
+        with (
+            taken,
+            dist.controller_registry("docker-registry", str(tmp_path / "s"), port, str(tmp_path), "pw"),
+        ):
             pass
     missing = pytest.raises(dist.DistributionError, match="apt-get install docker-registry")
     with (
         missing,
-        dist.controller_registry("/nonexistent/registry", str(tmp_path / "s"), _free_port(), str(tmp_path)),
+        dist.controller_registry(
+            "/nonexistent/registry", str(tmp_path / "s"), _free_port(), str(tmp_path), "pw"
+        ),
     ):
         pass
 
@@ -227,7 +367,22 @@ def test_check_mode_and_no_server_lacking_it_only_name_the_reference() -> None:
     assert dist.run(source, check_mode=True)[1]["reference"] == "127.0.0.1:15000/ddp-cluster/node:ab12"
 
 
-def test_a_registry_that_cannot_start_fails_the_call_naming_what_to_install(tmp_path: Path) -> None:
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, image_id: str = BUILT_ID) -> Path:
+    """The docker double first on PATH, the image's ID ``image_id``; its log."""
+    bin_dir = tmp_path / "docker-bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DDP_FAKE_LOG", str(tmp_path / "docker.log"))
+    monkeypatch.setenv("DDP_FAKE_ID", image_id)
+    return tmp_path / "docker.log"
+
+
+def test_a_registry_that_cannot_start_fails_the_call_naming_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_docker(tmp_path, monkeypatch)
     given = params(servers=[{"name": "a", "ssh": ["ssh", "a"]}], registry_command="/nonexistent/registry",
                    storage=str(tmp_path / "storage"), port=_free_port())  # fmt: skip
     failed, result = dist.run(given, check_mode=False)
@@ -265,25 +420,34 @@ def test_the_module_runs_through_ansible_with_the_package_as_module_utils() -> N
 
 
 SSH = r"""#!/bin/sh
-# ssh double: the source's session says what registry-source.sh says and waits for its stdin to close; each
-# receiver reads the private key from stdin and pulls, but for srv-down, which cannot reach the source.
+# ssh double: the source's session reads the registry's password (its first line) into $DDP_FAKE_LOG.password,
+# says what registry-source.sh says and waits for its stdin to close; each receiver keeps its stdin in
+# $DDP_FAKE_LOG.TARGET and pulls, but for srv-down, which cannot reach the source.
 prev=
 for arg; do target=$prev; prev=$arg; done
-printf '%s\n' "$target" "$prev" >> "$DDP_FAKE_SSH_LOG"
+printf '%s\n' "$target" "$prev" >> "$DDP_FAKE_LOG"
 case "$prev" in
   *ddp-registry*)
     case "$prev" in *ddp-cluster/broken*) echo "error: docker-registry is not installed here"; exit 3 ;; esac
-    echo "pushed: 2"; echo "hostkey: ssh-ed25519 AAAAsource"; echo ready
+    IFS= read -r password; printf '%s' "$password" > "$DDP_FAKE_LOG.password"
+    echo "pushed: 2"
+    case "$prev" in *ddp-cluster/nodigest*) ;; *)
+      echo "digest: sha256:6087a7c117ca9ea0ac4b4e3b45534ac95779d8b0ca533dfdff6a1cc1e293bcc4"
+      echo "image_id: sha256:2ada85227f55b01da1014b2f82fb37d388f0511e20173b6555aa40f2b19e371e" ;;
+    esac
+    echo "hostkey: ssh-ed25519 AAAAsource"; echo ready
     cat >/dev/null; echo "served: 1234" ;;
   *ddp-pull*)
-    grep -q "PRIVATE KEY" || exit 9
+    cat > "$DDP_FAKE_LOG.$target"
+    grep -q "PRIVATE KEY" "$DDP_FAKE_LOG.$target" || exit 9
     [ "$target" = srv-down ] && { echo "tunnel: ssh: connect to host 10.0.0.5: No route" >&2; exit 4; }
-    echo "0123456789ab: Pull complete"; echo "fedcba987654: Already exists" ;;
+    echo "0123456789ab: Pull complete"; echo "fedcba987654: Already exists"
+    echo "pulled: $(printf '%s' "$prev" | sed -n 's/.* ddp-pull \([^ ]*\) .*/\1/p')" ;;
 esac
 """
 
 
-def test_a_server_build_is_pulled_from_the_build_server_with_its_host_key_pinned(
+def test_a_server_build_is_pulled_by_digest_from_the_build_server_with_its_host_key_pinned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ssh = tmp_path / "ssh"
@@ -291,6 +455,7 @@ def test_a_server_build_is_pulled_from_the_build_server_with_its_host_key_pinned
     ssh.chmod(0o755)
     log = tmp_path / "ssh.log"
     monkeypatch.setenv("DDP_FAKE_SSH_LOG", str(log))
+    monkeypatch.setenv("DDP_FAKE_LOG", str(log))
     servers = [{"name": name, "ssh": [str(ssh), name]} for name in ("srv1", "srv-down")]
     given = params(servers=servers, source={"name": "src", "ssh": [str(ssh), "-p", "2222", "admin@src"]},
                    source_address="10.0.0.9", source_script="registry", receiver_script="pull")  # fmt: skip
@@ -299,23 +464,89 @@ def test_a_server_build_is_pulled_from_the_build_server_with_its_host_key_pinned
     assert (report["reference"], report["pushed_layers"], report["bytes_served"]) == (
         "127.0.0.1:15000/ddp-cluster/node:ab12", 2, 1234
     )  # fmt: skip
+    assert (report["digest"], report["image_id"]) == (DIGEST, BUILT_ID)
     assert report["servers"]["srv1"]["ok"] and report["servers"]["srv1"]["layers_pulled"] == 1
+    assert report["servers"]["srv1"]["pulled"] == PULLED
     assert report["failed_servers"] == ["srv-down"]
     assert (
         "could not reach the image registry on the build server src" in report["servers"]["srv-down"]["error"]
     )
     receiver = next(line for line in log.read_text().splitlines() if line.startswith("sh -c pull ddp-pull"))
-    assert receiver.split()[3:9] == [
-        "ddp-pull",
-        "15000",
-        "10.0.0.9",
-        "2222",
-        "admin",
-        "127.0.0.1:15000/ddp-cluster/node:ab12",
-    ]
+    assert shlex.split(receiver)[3:11] == [
+        "ddp-pull", PULLED, "ddp-cluster/node:ab12", BUILT_ID, "15000", "10.0.0.9", "2222", "admin",
+    ]  # fmt: skip
     assert "'ssh-ed25519 AAAAsource'" in receiver
+    # The registry's password reached the build server on its session's stdin and every server as the login
+    # on its stdin, before the key; never in an argv, nor in the report.
+    password = Path(f"{log}.password").read_text()
+    assert re.fullmatch(r"[0-9a-f]{32}", password)
+    auth, key = Path(f"{log}.srv1").read_text().split("\n", 1)
+    assert base64.b64decode(auth).decode() == f"ddp-cluster:{password}" and "PRIVATE KEY" in key
+    assert password not in log.read_text() and auth not in log.read_text()
+    assert password not in json.dumps(report) and auth not in json.dumps(report)
     broken = dict(given, image="ddp-cluster/broken:1")
     assert dist.run(broken, check_mode=False) == (True, {
         "msg": "the build server src: docker-registry is not installed here",
         "reference": "127.0.0.1:15000/ddp-cluster/broken:1", "servers": {}, "failed_servers": [],
     })  # fmt: skip
+    failed, said = dist.run(dict(given, image="ddp-cluster/nodigest:1"), check_mode=False)
+    assert failed and said["msg"].startswith(
+        "the build server src did not say the pushed image's digest and ID"
+    )
+
+
+def _task_list(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every task of a task file, those inside blocks (and their rescue and always) included."""
+    found = []
+    for task in tasks:
+        inner = [*task.get("block", []), *task.get("rescue", []), *task.get("always", [])]
+        found += _task_list(inner) if inner else [task]
+    return found
+
+
+# A mention that carries the values (not only asks whether there are any), or a credential.
+CARRIES_SECRETS = re.compile(
+    r"\btraining_image_pip_args\b(?!\s*\|\s*length)|password|passwd|token|credential", re.IGNORECASE
+)
+
+
+def test_every_task_whose_arguments_carry_pip_arguments_or_credentials_is_no_log() -> None:
+    carrying = []
+    for path in sorted((ROLE / "tasks").glob("*.yml")):
+        for task in _task_list(yaml.safe_load(path.read_text()) or []):
+            arguments = {key: value for key, value in task.items() if key not in ("name", "when", "no_log")}
+            if CARRIES_SECRETS.search(json.dumps(arguments)):
+                carrying.append(task["name"])
+                assert task.get("no_log") is True, (
+                    f"{path.name}: {task['name']!r} carries secrets without no_log"
+                )
+    # What the role has now, so that the rule is seen to bite: the wheelhouse's key and the pip arguments'
+    # file; the download itself gets only that file's path.
+    assert sorted(carrying) == [
+        "Hand the pip arguments to the download in a private file",
+        "Name the wheelhouse after its inputs",
+    ], carrying
+
+
+def test_the_image_build_gets_no_pip_argument_and_the_image_keeps_no_build_secret() -> None:
+    """`docker history` shows every build argument a RUN step sees: the build is given only the base, the
+    wheelhouse's path and the OS packages, and the Dockerfile declares no other argument nor a label."""
+    tasks = _task_list(yaml.safe_load((ROLE / "tasks" / "build.yml").read_text()))
+    build = next(
+        task for task in tasks if task.get("community.docker.docker_image", {}).get("source") == "build"
+    )
+    assert set(build["community.docker.docker_image"]["build"]["args"]) == {
+        "BASE_IMAGE",
+        "WHEELHOUSE",
+        "OS_PACKAGES",
+    }
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert set(re.findall(r"^ARG (\w+)", dockerfile, re.MULTILINE)) == {
+        "BASE_IMAGE",
+        "WHEELHOUSE",
+        "OS_PACKAGES",
+    }
+    assert not re.search(r"^LABEL\b", dockerfile, re.MULTILINE)
+    # The wheelhouse stage's files (the requirements, the wheels) stay in that stage: the node image copies
+    # the venv alone from it.
+    assert re.findall(r"^COPY --from=(\w+) (\S+)", dockerfile, re.MULTILINE) == [("deps", "/opt/venv")]

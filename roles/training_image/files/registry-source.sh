@@ -1,9 +1,11 @@
 #!/bin/sh
 # The build server's side of a server-to-server distribution (ddp_image_distribute with source; run over the
 # controller's ssh session, which lives as long as the distribution): Docker's Distribution registry on this
-# server's loopback, the image pushed into it, an ephemeral key authorized for nothing but a forward to that
-# port, this server's host keys said for the others to pin; then it waits for the session's stdin to close and
-# leaves nothing: registry stopped, key deauthorized, work directory removed (also on a signal or a lost session).
+# server's loopback, taking only the password made for this distribution (the session's first line), the image
+# pushed into it, its digest and ID said for the others to pull by and check, an ephemeral key authorized for
+# nothing but a forward to that port, this server's host keys said for the others to pin; then it waits for the
+# session's stdin to close and leaves nothing: registry stopped, key deauthorized, work directory (password,
+# login) removed (also on a signal or a lost session).
 # Arguments: PORT STORAGE IMAGE REFERENCE REGISTRY_COMMAND PUBLIC_KEY KEY_COMMENT
 set -u
 port=$1 storage=$2 image=$3 reference=$4 command=$5 key=$6 comment=$7
@@ -18,11 +20,16 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' HUP INT TERM PIPE
-answers() {  # the registry's API on this machine's loopback port $1
-  python3 -c 'import sys, urllib.request; urllib.request.urlopen("http://127.0.0.1:%s/v2/" % sys.argv[1], timeout=2)' \
-    "$1" 2>/dev/null
+answers() {  # the registry's API on this machine's loopback port $1 (401 without a login: it answers)
+  python3 -c 'import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen("http://127.0.0.1:%s/v2/" % sys.argv[1], timeout=2)
+except urllib.error.HTTPError:
+    pass' "$1" 2>/dev/null
 }
 say() { printf '%s\n' "$*"; }
+umask 077
+IFS= read -r secret || { say "error: the controller's session ended before it sent the registry's password"; exit 3; }
 found=$(command -v "$command" || command -v docker-registry || command -v registry) || {
   say "error: Docker's Distribution registry ($command) is not installed on this build server: the hosts stage installs it (apt-get install docker-registry), or install it by hand"
   exit 3
@@ -31,8 +38,27 @@ if python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOC
   say "error: port $port on the build server's loopback is taken, so the image registry cannot start there: set cluster_registry_port to a free port"
   exit 3
 fi
+# Distribution's htpasswd takes bcrypt only: this server's libcrypt makes it (the password on stdin, not in
+# an argv). Cost 4: the password is 128 random bits, and the registry checks it on every request.
+printf '%s' "$secret" | python3 -c 'import ctypes, ctypes.util, secrets, sys
+abc = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+lib = ctypes.CDLL(ctypes.util.find_library("crypt") or "libcrypt.so.1")
+lib.crypt.restype = ctypes.c_char_p
+lib.crypt.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+salt = "".join(secrets.choice(abc) for _ in range(21)) + secrets.choice(".Oeu")
+hashed = lib.crypt(sys.stdin.read().encode(), ("$2b$04$" + salt).encode()) or b""
+if not hashed.startswith(b"$2b$04$") or len(hashed) != 60:
+    sys.exit(1)
+print("ddp-cluster:" + hashed.decode())' > "$work/htpasswd" 2>/dev/null || {
+  say "error: cannot make the image registry's password on the build server: its libcrypt has no bcrypt (install libxcrypt: libcrypt1 on Debian and Ubuntu)"
+  exit 3
+}
+mkdir "$work/docker"
+printf '{"auths": {"127.0.0.1:%s": {"auth": "%s"}}}\n' "$port" "$(printf 'ddp-cluster:%s' "$secret" | base64 | tr -d '\n')" \
+  > "$work/docker/config.json"
 mkdir -p "$storage" && chmod 0700 "$storage"
-printf 'version: 0.1\nlog:\n  level: info\n  formatter: text\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%s\n  headers:\n    X-Content-Type-Options: [nosniff]\n' "$storage" "$port" > "$work/config.yml"
+printf 'version: 0.1\nlog:\n  level: info\n  formatter: text\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%s\n  headers:\n    X-Content-Type-Options: [nosniff]\nauth:\n  htpasswd:\n    realm: ddp-cluster-image\n    path: %s\n' \
+  "$storage" "$port" "$work/htpasswd" > "$work/config.yml"
 "$found" serve "$work/config.yml" > "$work/registry.log" 2>&1 </dev/null &
 registry=$!
 tries=0
@@ -45,11 +71,14 @@ until answers "$port"; do
   sleep 0.2
 done
 docker tag "$image" "$reference" || { say "error: cannot tag $image as $reference on the build server"; exit 3; }
-docker push "$reference" > "$work/push.log" 2>&1 || {
+DOCKER_CONFIG=$work/docker docker push "$reference" > "$work/push.log" 2>&1 || {
   say "error: the push of $reference on the build server failed: $(tail -n 2 "$work/push.log" | tr '\n' ' ')"
   exit 3
 }
 say "pushed: $(grep -c ': Pushed$' "$work/push.log")"
+# The others pull by this digest and check that they got this ID.
+say "digest: $(sed -n 's/^[^ ]*: digest: \(sha256:[0-9a-f]*\) size: [0-9]*$/\1/p' "$work/push.log" | tail -n 1)"
+say "image_id: $(docker image inspect --format '{{.Id}}' "$image")"
 mkdir -p "$HOME/.ssh" && chmod 0700 "$HOME/.ssh"
 sed -i "/ ddp-cluster-image-[0-9a-f]*\$/d" "$keys" 2>/dev/null
 printf 'restrict,port-forwarding,permitopen="127.0.0.1:%s",command="/bin/false" %s\n' "$port" "$key" >> "$keys"

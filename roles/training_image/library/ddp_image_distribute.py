@@ -11,11 +11,16 @@ short_description: Push an image to a registry once and pull it on every server 
 description:
   - Runs on the controller. With no C(registry), starts Docker's Distribution registry (C(docker-registry
     serve), the Debian package) bound to the controller's 127.0.0.1:C(port) for the duration of the call, its
-    storage kept in C(storage) so that a later push sends only new layers. Each server pulls
-    C(127.0.0.1:port/NAME:TAG) through C(ssh -R 127.0.0.1:port:127.0.0.1:port); its engine treats a
-    127.0.0.0/8 registry as insecure by default, so no engine setting changes, and nothing listens beyond
-    loopback. The tunnel lives as long as that server's pull; the registry stops when the call ends, also on
-    failure (and with the module's process).
+    storage kept in C(storage) so that a later push sends only new layers, taking only a password made for
+    this call (htpasswd, bcrypt), which the push and each pull get in a temporary client configuration
+    (C(DOCKER_CONFIG)) and on stdin, never in an argv or the result. Each server pulls
+    C(127.0.0.1:port/NAME@DIGEST) (the push's digest) through C(ssh -R 127.0.0.1:port:127.0.0.1:port); its
+    engine treats a 127.0.0.0/8 registry as insecure by default, so no engine setting changes, and nothing
+    listens beyond loopback. The tunnel lives as long as that server's pull; the registry stops when the call
+    ends, also on failure (and with the module's process).
+  - Every server pulls by digest and compares the ID of the image it got with the built image's ID; on a
+    mismatch the pulled image is removed and that server fails, naming both IDs (C(receiver_script), the
+    role's files/pull-image.sh).
   - A server whose pull fails is listed in C(failed_servers) with its reason (the call itself fails only when
     the registry or the push does), so that the role can fail that server by name.
   - With C(registry) (the user's registry, e.g. C(harbor.example.com/ml)), pushes there (the controller's
@@ -26,7 +31,8 @@ description:
   - With C(source) (a server build, cluster_image_builder), the image is on that server's engine, not the
     controller's, and nothing of it crosses the controller's link. One ssh session to the source, which lives
     as long as the call, holds Distribution registry on the source's 127.0.0.1:C(port) (storage under
-    C(storage) there, kept between runs), the push into it, and an ephemeral ed25519 key (made on the
+    C(storage) there, kept between runs; the call's password, the session's first line of input), the push
+    into it, and an ephemeral ed25519 key (made on the
     controller for this call) authorized there for nothing but a forward to that port
     (C(restrict,port-forwarding,permitopen)). Each server lacking the image receives the private half on stdin
     into a 0700 temporary directory, opens C(ssh -N -L) to the source over the cluster's own network, the
@@ -80,16 +86,24 @@ options:
     type: str
     default: ""
   receiver_script:
-    description: Each server's side (the role's files/pull-from-source.sh).
+    description: Each server's side (the role's files/pull-image.sh).
     type: str
     default: ""
 """
 
 RETURN = r"""
 reference:
-  description: The name the servers pulled.
+  description: The name pushed (REGISTRY/NAME:TAG).
   type: str
   returned: always
+digest:
+  description: The pushed manifest's digest, by which every server pulled (REGISTRY/NAME@DIGEST).
+  type: str
+  returned: when pushed
+image_id:
+  description: The built image's ID, which every server's pulled image had to have.
+  type: str
+  returned: when pushed
 push_seconds:
   description: Seconds the push took.
   type: float
@@ -99,8 +113,8 @@ pushed_layers:
   type: int
   returned: always
 servers:
-  description: Per server name, ok, rc, seconds, layers_pulled, layers_present, error and the output's last
-    lines.
+  description: Per server name, ok, rc, seconds, layers_pulled, layers_present, pulled (the reference it
+    pulled), image_id (the ID it got), error and the output's last lines.
   type: dict
   returned: always
 failed_servers:

@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -428,6 +429,44 @@ def pull_failure(image: str, output: str, timed_out: bool, timeout: int) -> str:
     )
 
 
+def read_pip_args_file(path: Path) -> list[str]:
+    """The pip arguments the image stage hands over in a private file (never an argv Ansible shows), which is
+    removed as soon as it is read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    finally:
+        path.unlink(missing_ok=True)
+    loaded = json.loads(text)
+    if not isinstance(loaded, list) or not all(isinstance(arg, str) for arg in loaded):
+        raise BaseImageError("it must hold a JSON list of strings (training_image_pip_args)")
+    return loaded
+
+
+def pip_secrets(pip_args: Sequence[str]) -> list[str]:
+    """What of training_image_pip_args may be a secret (a private index's URL with its token, in its userinfo,
+    path or query): every value, as a whole and its URL's user and password, of 4 characters or more,
+    longest first. Options themselves (``--extra-index-url``) are not."""
+    values = []
+    for arg in pip_args:
+        value = arg.partition("=")[2] if arg.startswith("-") else arg
+        values.append(value)
+        try:
+            parsed = urllib.parse.urlsplit(value)
+        except ValueError:  # not a URL pip could use either
+            continue
+        for part in (parsed.username, parsed.password):
+            values += [part, urllib.parse.unquote(part)] if part else []
+    return sorted({value for value in values if len(value) >= 4}, key=len, reverse=True)
+
+
+def mask_pip_args(text: str, pip_args: Sequence[str]) -> str:
+    """``text`` (pip's output, an error) with every possible secret of pip_args replaced by ``***``: the
+    Ansible task that passes them hides its own output (no_log), and shows this instead."""
+    for value in pip_secrets(pip_args):
+        text = text.replace(value, "***")
+    return text
+
+
 def _cli(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_cluster.image.base")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -439,12 +478,23 @@ def _cli(argv: Sequence[str] | None = None) -> int:
     wheelhouse.add_argument("--python-version", required=True)
     wheelhouse.add_argument("--platform", action="append", default=[])
     wheelhouse.add_argument(
+        "--pip-args-file",
+        type=Path,
+        help="a JSON list of extra pip download arguments, read and removed (they may hold an index's token)",
+    )
+    wheelhouse.add_argument(
         "pip_args", nargs=argparse.REMAINDER, help="after --: extra pip download arguments"
     )
     args = parser.parse_args(argv)
+    pip_args = args.pip_args[1:] if args.pip_args[:1] == ["--"] else args.pip_args
+    if args.pip_args_file is not None:
+        try:
+            pip_args = [*read_pip_args_file(args.pip_args_file), *pip_args]
+        except (OSError, ValueError, BaseImageError) as error:
+            print(f"cannot read the pip arguments from {args.pip_args_file}: {error}", file=sys.stderr)
+            return 1
     probe = sys.stdin.read() if str(args.probe) == "-" else args.probe.read_text()
     base = read_probe(args.image, probe)
-    pip_args = args.pip_args[1:] if args.pip_args[:1] == ["--"] else args.pip_args
     try:
         wheels = make_wheelhouse(
             base,
@@ -455,7 +505,7 @@ def _cli(argv: Sequence[str] | None = None) -> int:
             pip_args=pip_args,
         )
     except BaseImageError as error:
-        print(error, file=sys.stderr)
+        print(mask_pip_args(str(error), pip_args), file=sys.stderr)
         return 1
     print(json.dumps({"wheels": wheels, "kept": base.constraints()}))
     return 0

@@ -10,17 +10,29 @@ its own.
   127.0.0.1:port (:func:`controller_registry`) while the servers pull through ``ssh -R``; with the user's
   ``registry``, a push there and direct pulls; with a ``source`` (a server build),
   :func:`distribute_from_source`: the registry runs on the build server and the others pull from it over
-  the cluster's network through ``ssh -L`` with an ephemeral key (the role's files/registry-source.sh and
-  files/pull-from-source.sh);
+  the cluster's network through ``ssh -L`` with an ephemeral key (the role's files/registry-source.sh);
+  every server runs the role's files/pull-image.sh;
 - :func:`run`: the module's whole call, check mode included, as (failed, result).
+
+The registry this module runs listens on a loopback (the controller's or the build server's), and each pull
+reaches it through a tunnel that ends on the pulling server's loopback: both are shared by the node
+containers on those servers' host network, and Docker's engine only pulls over TCP, so no port can be hidden
+from them. What keeps a job's code from using it: the registry takes only a password made for this one
+distribution (htpasswd, bcrypt; each engine is given it in a temporary ``DOCKER_CONFIG``, never in an argv),
+it listens only while the distribution runs, and every server pulls by the push's digest and compares the
+image ID it got with the built image's, so nothing pushed there by anyone else can become the node image.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
+import ctypes.util
+import json
 import os
 import re
+import secrets
 import select
 import shlex
 import signal
@@ -40,6 +52,17 @@ WRITTEN = re.compile(r"http\.request\.method=GET\b.*?http\.response\.written=(\d
 TUNNEL_FAILED = re.compile(
     r"remote port forwarding failed|cannot listen to port|Could not request", re.IGNORECASE
 )
+# What `docker push` says once the manifest is in: `TAG: digest: sha256:HEX size: N`.
+PUSHED_DIGEST = re.compile(r"^\S+: digest: (sha256:[0-9a-f]{64}) size: \d+$", re.MULTILINE)
+IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
+# The one account of the registry this module runs; its password is made anew for each distribution.
+REGISTRY_USER = "ddp-cluster"
+# bcrypt's lowest cost: the password is 128 random bits (no guessing to slow down), and the registry checks it
+# on every request of every pull.
+BCRYPT_COST = 4
+BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+# pull-image.sh's exit status when the image pulled by digest is not the one built.
+WRONG_IMAGE = 5
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
                "-o", "ServerAliveCountMax=4")  # fmt: skip
 
@@ -57,7 +80,66 @@ def registry_reference(image: str, registry: str, port: int) -> str:
     return f"{prefix}/{image}"
 
 
-def registry_config(storage: str, port: int) -> str:
+def digest_reference(reference: str, digest: str) -> str:
+    """REGISTRY/NAME@DIGEST from REGISTRY/NAME:TAG: what a server pulls, the content it names fixed."""
+    repository, colon, tag = reference.rpartition(":")
+    name = repository if colon and "/" not in tag else reference
+    return f"{name}@{digest}"
+
+
+def pushed_digest(output: str, reference: str) -> str:
+    """The manifest's digest from `docker push`'s output."""
+    found = PUSHED_DIGEST.findall(output)
+    if not found:
+        raise DistributionError(
+            f"the push of {reference} did not say the image's digest, which the servers pull by: "
+            f"{_tail(output, 2)}"
+        )
+    return str(found[-1])
+
+
+def registry_password() -> str:
+    return secrets.token_hex(16)
+
+
+def registry_auth(password: str) -> str:
+    """The `auth` of a Docker client configuration: base64 of USER:PASSWORD."""
+    return base64.b64encode(f"{REGISTRY_USER}:{password}".encode()).decode()
+
+
+def docker_config(directory: str, registry: str, auth: str) -> str:
+    """A Docker client configuration directory that holds only the login to ``registry`` (for
+    ``DOCKER_CONFIG``): the push's credentials never touch the user's own configuration."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, "config.json")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        json.dump({"auths": {registry: {"auth": auth}}}, handle)
+    return directory
+
+
+def bcrypt_hash(password: str) -> str:
+    """The password as Distribution's htpasswd reads it (bcrypt only), made by this machine's libcrypt
+    (libxcrypt, on every current Linux)."""
+    found = ctypes.util.find_library("crypt")
+    hashed = b""
+    if found:
+        with contextlib.suppress(OSError, AttributeError):
+            library = ctypes.CDLL(found)
+            library.crypt.restype = ctypes.c_char_p
+            library.crypt.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+            # 22 salt characters: the last carries 2 bits, so it is one whose 4 low bits are 0 (canonical).
+            salt = "".join(secrets.choice(BCRYPT_ALPHABET) for _ in range(21)) + secrets.choice(".Oeu")
+            hashed = library.crypt(password.encode(), f"$2b${BCRYPT_COST:02d}${salt}".encode()) or b""
+    if not hashed.startswith(f"$2b${BCRYPT_COST:02d}$".encode()) or len(hashed) != 60:
+        raise DistributionError(
+            "cannot make the image registry's password: this controller's libcrypt has no bcrypt (install "
+            "libxcrypt: libcrypt1 on Debian and Ubuntu), or set cluster_image_distribution: save_load"
+        )
+    return hashed.decode()
+
+
+def registry_config(storage: str, port: int, htpasswd: str) -> str:
     return (
         "version: 0.1\n"
         "log:\n  level: info\n  formatter: text\n"
@@ -67,6 +149,8 @@ def registry_config(storage: str, port: int) -> str:
         "http:\n"
         f"  addr: 127.0.0.1:{port}\n"
         "  headers:\n    X-Content-Type-Options: [nosniff]\n"
+        "auth:\n"
+        f"  htpasswd:\n    realm: ddp-cluster-image\n    path: {htpasswd}\n"
     )
 
 
@@ -82,11 +166,18 @@ def bytes_served(log: str) -> int:
     return sum(int(match) for match in WRITTEN.findall(log))
 
 
-def pull_command(reference: str, image: str) -> str:
-    """The shell command a server runs: pull, name the image as the controller does, drop the registry's
-    name."""
-    ref, local = shlex.quote(reference), shlex.quote(image)
-    return f"docker pull {ref} && docker tag {ref} {local} && docker rmi {ref} >/dev/null"
+def pull_command(script: str, pulled: str, image: str, image_id: str, tunnel: tuple[str, ...] = ()) -> str:
+    """The shell command a server runs (the role's files/pull-image.sh): pull ``pulled`` (NAME@DIGEST), check
+    that its ID is ``image_id``, name it ``image`` as the builder does, drop the registry's name. ``tunnel``:
+    PORT ADDRESS SSH_PORT USER HOST_KEYS of the build server to reach first. The registry's login and the
+    tunnel's key come on its stdin (:func:`pull_input`), never in this command."""
+    return shlex.join(["sh", "-c", script, "ddp-pull", pulled, image, image_id, *tunnel])
+
+
+def pull_input(auth: str, private_key: str = "") -> str:
+    """A pull's stdin: the registry's login (empty: the server's own, for the user's registry), then the
+    tunnel's private key."""
+    return f"{auth}\n{private_key}"
 
 
 def ssh_pull_argv(ssh: list[str], command: str, tunnel_port: int | None) -> list[str]:
@@ -111,13 +202,23 @@ def pull_error(rc: int, output: str, tunnel_port: int | None) -> str:
             "loopback is taken, or its sshd forbids forwarding (AllowTcpForwarding). Free the port or set "
             f"cluster_registry_port, allow forwarding, or set cluster_image_distribution: save_load ({tail})"
         )
+    if rc == WRONG_IMAGE:
+        return wrong_image(output)
     if rc == 255:
         return f"ssh to the server failed: {tail}"
     return f"the pull failed (rc {rc}): {tail}"
 
 
+def wrong_image(output: str) -> str:
+    """pull-image.sh's refusal: the image pulled by digest is not the one built (its own error line)."""
+    said = [line for line in output.splitlines() if line.startswith("error: ")]
+    return said[-1][len("error: ") :] if said else f"the pulled image is not the one built: {_tail(output)}"
+
+
 def receiver_error(rc: int, output: str, source: str, port: int) -> str:
     tail = _tail(output)
+    if rc == WRONG_IMAGE:
+        return wrong_image(output)
     if rc == 4:
         return (
             f"could not reach the image registry on the build server {source} through a tunnel over the "
@@ -152,9 +253,9 @@ def _file_tail(path: str) -> str:
 
 
 @contextlib.contextmanager
-def controller_registry(command: str, storage: str, port: int, workdir: str) -> Iterator[str]:
+def controller_registry(command: str, storage: str, port: int, workdir: str, password: str) -> Iterator[str]:
     """Docker's Distribution registry on 127.0.0.1:port while the block runs, also when it fails (and with
-    this process); yields its log file."""
+    this process), taking only ``password`` (user REGISTRY_USER); yields its log file."""
     if not port_free(port):
         raise DistributionError(
             f"port {port} on the controller's loopback is taken, so the image registry cannot start there: "
@@ -162,8 +263,11 @@ def controller_registry(command: str, storage: str, port: int, workdir: str) -> 
         )
     os.makedirs(storage, mode=0o700, exist_ok=True)
     config, log = os.path.join(workdir, "config.yml"), os.path.join(workdir, "registry.log")
+    htpasswd = os.path.join(workdir, "htpasswd")
+    with open(htpasswd, "w", encoding="utf-8") as handle:
+        handle.write(f"{REGISTRY_USER}:{bcrypt_hash(password)}\n")
     with open(config, "w", encoding="utf-8") as handle:
-        handle.write(registry_config(storage, port))
+        handle.write(registry_config(storage, port, htpasswd))
     with open(log, "wb") as out:
         try:
             process = subprocess.Popen(
@@ -178,11 +282,15 @@ def controller_registry(command: str, storage: str, port: int, workdir: str) -> 
             ) from error
     try:
         deadline = time.monotonic() + 30
+        # Logged in, as the push will be: the registry is up and takes the password.
+        ping = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v2/", headers={"Authorization": f"Basic {registry_auth(password)}"}
+        )
         while True:
             if process.poll() is not None:
                 raise DistributionError(f"the image registry exited at start: {_file_tail(log)}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as answer:
+                with urllib.request.urlopen(ping, timeout=2) as answer:
                     if answer.status == 200:
                         break
             except (urllib.error.URLError, OSError):
@@ -202,12 +310,17 @@ def controller_registry(command: str, storage: str, port: int, workdir: str) -> 
             process.wait()
 
 
-def run_bounded(argv: list[str], timeout: int, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_bounded(
+    argv: list[str], timeout: int, stdin: str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """argv within timeout (rc 124 past it); ``stdin`` is its input, else it reads nothing."""
+    environment = None if env is None else {**os.environ, **env}
     try:
         if stdin is not None:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin)
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin,
+                                  env=environment)  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              env=environment)  # fmt: skip
     except subprocess.TimeoutExpired as error:
         output = (
             error.stdout if isinstance(error.stdout, str) else (error.stdout or b"").decode(errors="replace")
@@ -215,27 +328,53 @@ def run_bounded(argv: list[str], timeout: int, stdin: str | None = None) -> subp
         return subprocess.CompletedProcess(argv, 124, output, f"timed out after {timeout} s")
 
 
-def push(image: str, reference: str, timeout: int) -> int:
-    """Push the controller's image under the registry's name; returns the layers sent."""
+def image_id(image: str) -> str:
+    """The controller's image's ID, which every server must end up with."""
+    found = run_bounded(["docker", "image", "inspect", "--format", "{{.Id}}", image], 60)
+    if found.returncode != 0 or not IMAGE_ID.fullmatch(found.stdout.strip()):
+        raise DistributionError(f"cannot read the ID of {image}: {_tail(found.stdout + found.stderr, 2)}")
+    return found.stdout.strip()
+
+
+def push_env(config: str) -> dict[str, str]:
+    """The push's client configuration is ``config`` alone: the engine stays the one that built (DOCKER_HOST,
+    else the default socket), as no docker context of the user's is there to name it."""
+    return {
+        "DOCKER_CONFIG": config,
+        **({} if os.environ.get("DOCKER_HOST") else {"DOCKER_CONTEXT": "default"}),
+    }
+
+
+def push(image: str, reference: str, timeout: int, config: str | None = None) -> tuple[int, str]:
+    """Push the controller's image under the registry's name, logged in by the client configuration
+    directory ``config`` (None: the user's own); returns the layers sent and the manifest's digest."""
     tagged = run_bounded(["docker", "tag", image, reference], 60)
     if tagged.returncode != 0:
         raise DistributionError(f"cannot tag {image} as {reference}: {tagged.stderr.strip()}")
     try:
-        pushed = run_bounded(["docker", "push", reference], timeout)
+        pushed = run_bounded(
+            ["docker", "push", reference], timeout, env=None if config is None else push_env(config)
+        )
     finally:
         run_bounded(["docker", "rmi", reference], 60)
     if pushed.returncode != 0:
         detail = _tail(pushed.stdout + pushed.stderr, 2)
         raise DistributionError(f"the push of {reference} failed (rc {pushed.returncode}): {detail}")
-    return len(re.findall(r"^\w+: Pushed$", pushed.stdout, re.MULTILINE))
+    layers = len(re.findall(r"^\w+: Pushed$", pushed.stdout, re.MULTILINE))
+    return layers, pushed_digest(pushed.stdout, reference)
 
 
 def pull_result(
     done: subprocess.CompletedProcess[str], started: float, timeout: int, error: str
 ) -> dict[str, Any]:
     """One server's pull as the report gives it; ``error`` says why a failed one failed (past the bound:
-    that)."""
+    that). ``pulled`` and ``image_id``: the reference it pulled and the ID it got, as pull-image.sh says."""
     pulled, present = layer_counts(done.stdout)
+    said = dict(
+        line.split(": ", 1)
+        for line in done.stdout.splitlines()
+        if line.startswith(("pulled: ", "image_id: "))
+    )
     if done.returncode == 124:
         error = f"the pull did not finish within {timeout} s (training_image_pull_timeout)"
     return {
@@ -244,6 +383,8 @@ def pull_result(
         "seconds": round(time.monotonic() - started, 1),
         "layers_pulled": pulled,
         "layers_present": present,
+        "pulled": said.get("pulled", ""),
+        "image_id": said.get("image_id", ""),
         "error": "" if done.returncode == 0 else error,
         "output": (done.stdout + done.stderr).strip().splitlines()[-20:],
     }
@@ -263,11 +404,11 @@ def pull_everywhere(
 
 
 def pull(
-    server: dict[str, Any], reference: str, image: str, tunnel_port: int | None, timeout: int
+    server: dict[str, Any], command: str, stdin: str, tunnel_port: int | None, timeout: int
 ) -> dict[str, Any]:
     started = time.monotonic()
-    argv = ssh_pull_argv([str(word) for word in server["ssh"]], pull_command(reference, image), tunnel_port)
-    done = run_bounded(argv, timeout)
+    argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, tunnel_port)
+    done = run_bounded(argv, timeout, stdin=stdin)
     return pull_result(
         done, started, timeout, pull_error(done.returncode, done.stdout + done.stderr, tunnel_port)
     )
@@ -333,8 +474,8 @@ def _source_ready(
     report: dict[str, Any],
     started: float,
 ) -> str:
-    """Read the source's session up to ``ready``: the push's layers and seconds into report; its host keys,
-    returned as known_hosts lines. A session that falls silent is stopped."""
+    """Read the source's session up to ``ready``: the push's layers, seconds, digest and the image's ID into
+    report; its host keys, returned as known_hosts lines. A session that falls silent is stopped."""
     said: list[str] = []
     hostkeys: list[str] = []
     deadline = time.monotonic() + timeout
@@ -352,17 +493,29 @@ def _source_ready(
         if line.startswith("pushed: "):
             report["pushed_layers"] = int(line.split()[-1])
             report["push_seconds"] = round(time.monotonic() - started, 1)
+        elif line.startswith("digest: "):
+            report["digest"] = line[len("digest: ") :]
+        elif line.startswith("image_id: "):
+            report["image_id"] = line[len("image_id: ") :]
         elif line.startswith("hostkey: "):
             hostkeys.append(line[len("hostkey: ") :])
         elif line == "ready":
+            if not IMAGE_ID.fullmatch(report.get("digest", "")) or not IMAGE_ID.fullmatch(
+                report.get("image_id", "")
+            ):
+                stop()
+                raise DistributionError(
+                    f"the build server {source} did not say the pushed image's digest and ID: "
+                    + " ".join(said[-3:])
+                )
             return "\n".join(hostkeys)
 
 
 def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
     """The image is on the source server's engine: the registry runs there, every other server pulls over the
     cluster's network through a tunnel to it. One ssh session to the source, as long as the call, holds the
-    registry, the push and an ephemeral key authorized for nothing but that forward; closing its stdin stops
-    the registry and deauthorizes the key."""
+    registry (its password the session's first line), the push and an ephemeral key authorized for nothing
+    but that forward; closing its stdin stops the registry and deauthorizes the key."""
     image, port, source, timeout = params["image"], params["port"], params["source"], params["timeout"]
     reference = registry_reference(image, "", port)
     ssh = [str(word) for word in source["ssh"]]
@@ -370,6 +523,7 @@ def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
     address = params["source_address"].strip() or address
     report: dict[str, Any] = {"reference": reference, "servers": {}, "failed_servers": [], "bytes_served": 0}
     comment = f"ddp-cluster-image-{os.urandom(6).hex()}"
+    password = registry_password()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ddp-image-key-") as workdir:
         private, public = _keypair(workdir, comment)
@@ -384,14 +538,20 @@ def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
         assert session.stdin is not None and session.stdout is not None
         lines = SessionLines(session.stdout.fileno())
         try:
+            with contextlib.suppress(OSError):  # a session that ended at once says why below
+                session.stdin.write(f"{password}\n".encode())
+                session.stdin.flush()
             known = _source_ready(lines, session.kill, source["name"], timeout, report, started)
+            command = pull_command(
+                params["receiver_script"], digest_reference(reference, report["digest"]), image,
+                report["image_id"], (str(port), address, ssh_port, user, known),
+            )  # fmt: skip
+            stdin = pull_input(registry_auth(password), private)
 
             def receive(server: dict[str, Any]) -> dict[str, Any]:
-                command = shlex.join(["sh", "-c", params["receiver_script"], "ddp-pull", str(port), address,
-                                      ssh_port, user, reference, image, known])  # fmt: skip
                 begun = time.monotonic()
                 argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
-                done = run_bounded(argv, timeout, stdin=private)
+                done = run_bounded(argv, timeout, stdin=stdin)
                 error = receiver_error(done.returncode, done.stdout + done.stderr, source["name"], port)
                 return pull_result(done, begun, timeout, error)
 
@@ -425,20 +585,30 @@ def distribute(params: Mapping[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = {"reference": reference, "servers": {}, "failed_servers": [], "bytes_served": 0}
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        log = ""
+        log, auth, config = "", "", None
+        report["image_id"] = image_id(image)
         if tunnel_port is not None:
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="ddp-registry-"))
+            password = registry_password()
+            auth = registry_auth(password)
+            config = docker_config(os.path.join(workdir, "docker"), f"127.0.0.1:{port}", auth)
             log = stack.enter_context(
-                controller_registry(params["registry_command"], params["storage"], port, workdir)
+                controller_registry(params["registry_command"], params["storage"], port, workdir, password)
             )
-        report["pushed_layers"] = push(image, reference, timeout)
+        report["pushed_layers"], report["digest"] = push(image, reference, timeout, config)
         report["push_seconds"] = round(time.monotonic() - started, 1)
         served = stack.enter_context(open(log, encoding="utf-8", errors="replace")) if log else None
         if served is not None:
             served.seek(0, os.SEEK_END)  # what the servers' pulls were served, not the push
+        command = pull_command(
+            params["receiver_script"],
+            digest_reference(reference, report["digest"]),
+            image,
+            report["image_id"],
+        )
         report.update(pull_everywhere(
             params["servers"], params["parallel"],
-            lambda server: pull(server, reference, image, tunnel_port, timeout),
+            lambda server: pull(server, command, pull_input(auth), tunnel_port, timeout),
         ))  # fmt: skip
         if served is not None:
             report["bytes_served"] = bytes_served(served.read())

@@ -1,0 +1,64 @@
+#!/bin/sh
+# A server's side of the node image's distribution (ddp_image_distribute), run over the controller's ssh: the
+# image pulled by the push's digest, its ID checked against the built image's, then named as the builder names
+# it; nothing of the registry left (its name, its login, the tunnel).
+# Arguments: PULLED (REGISTRY/NAME@sha256:...) IMAGE (NAME:TAG) IMAGE_ID, then, for a registry on the build
+# server, PORT ADDRESS SSH_PORT USER HOST_KEYS (one "TYPE KEY" per line) of the tunnel to it over the cluster's
+# network (the ephemeral key's forward, its host keys pinned).
+# stdin: the registry's login (base64 of USER:PASSWORD; an empty line: this server's own docker login, for the
+# user's registry), then, with a tunnel, its private key. Neither is ever in an argv: node containers on the
+# host network share this server's loopback, not its processes' files.
+set -u
+pulled=$1 image=$2 expected=$3 port=${4:-} address=${5:-} ssh_port=${6:-} user=${7:-} known=${8:-}
+registry=${pulled%%/*}
+work=$(mktemp -d /tmp/ddp-pull.XXXXXX) || exit 3
+tunnel=
+cleanup() { [ -n "$tunnel" ] && kill "$tunnel" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+trap 'exit 1' HUP INT TERM PIPE
+answers() {  # the registry's API on this machine's loopback port $1 (401 without a login: it answers)
+  python3 -c 'import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen("http://127.0.0.1:%s/v2/" % sys.argv[1], timeout=2)
+except urllib.error.HTTPError:
+    pass' "$1" 2>/dev/null
+}
+umask 077
+IFS= read -r auth || auth=
+if [ -n "$auth" ]; then
+  mkdir "$work/docker"
+  printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$registry" "$auth" > "$work/docker/config.json"
+  DOCKER_CONFIG=$work/docker
+  export DOCKER_CONFIG
+fi
+if [ -n "$address" ]; then
+  cat > "$work/key"
+  printf '%s\n' "$known" | sed 's/^/ddp-image-build /' > "$work/known_hosts"
+  set -- -N -i "$work/key" -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes \
+    -o UserKnownHostsFile="$work/known_hosts" -o GlobalKnownHostsFile=/dev/null -o HostKeyAlias=ddp-image-build \
+    -o StrictHostKeyChecking=yes -o ExitOnForwardFailure=yes -o ConnectTimeout=30 -o ServerAliveInterval=15 \
+    -o ServerAliveCountMax=4 -p "$ssh_port" -L "127.0.0.1:$port:127.0.0.1:$port"
+  [ -n "$user" ] && set -- "$@" -l "$user"
+  # shellcheck disable=SC2029  # -N: no remote command at all
+  ssh "$@" "$address" 2> "$work/tunnel.err" &
+  tunnel=$!
+  tries=0
+  until answers "$port"; do
+    tries=$((tries + 1))
+    if ! kill -0 "$tunnel" 2>/dev/null || [ "$tries" -gt 150 ]; then
+      echo "tunnel: $(tail -n 3 "$work/tunnel.err" | tr '\n' ' ')" >&2
+      exit 4
+    fi
+    sleep 0.2
+  done
+fi
+docker pull "$pulled" || exit 1
+got=$(docker image inspect --format '{{.Id}}' "$pulled") || exit 3
+if [ "$got" != "$expected" ]; then
+  docker rmi "$pulled" >/dev/null 2>&1
+  echo "error: the image pulled by digest ($pulled) has the ID $got, not $expected, the ID of the image built ($image): the registry served another image; it was removed again and nothing was named $image"
+  exit 5
+fi
+docker tag "$got" "$image" && docker rmi "$pulled" >/dev/null || exit 3
+echo "pulled: $pulled"
+echo "image_id: $got"
