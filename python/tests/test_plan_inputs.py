@@ -33,7 +33,7 @@ def test_attach_gives_the_earlier_runs_plan_or_says_there_is_none(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "J1").mkdir(parents=True)
-    plan = {"kind": "train", "id": "J1", "nodes": ["n0", "n1"], "detach": True}
+    plan = {"kind": "train", "id": "J1", "nodes": ["n0", "n1"], "detach": True, "run_dir": "runs/J1"}
     (tmp_path / "runs" / "J1" / "plan.json").write_text(json.dumps(plan))
     said: list[str] = []
     result = plan_inputs.attach({"attach": " J1 "}, said.append)
