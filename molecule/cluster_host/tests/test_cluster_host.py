@@ -2,6 +2,8 @@
 only."""
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import testinfra.utils.ansible_runner
@@ -42,3 +44,26 @@ def test_inactive_ufw_is_left_alone(host, name):
     status = host.check_output("ufw status verbose")
     assert "Status: inactive" in status
     assert "ddp-cluster" not in host.check_output("ufw show added")
+
+
+def test_a_server_with_no_firewall_is_stopped_unless_unmanaged(host, name):
+    if name != "host-plain":
+        pytest.skip("a firewall is on on this host")
+    scenario = Path(__file__).resolve().parents[1]
+    repository = scenario.parents[1]
+    environ = os.environ | {
+        "ANSIBLE_ROLES_PATH": str(repository / "roles"),
+        "ANSIBLE_FILTER_PLUGINS": str(repository / "plugins" / "filter"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    # The same server with the default (open): stopped in the role's preflight, named, nothing changed.
+    run = subprocess.run(
+        ["ansible-playbook", "-i", inventory, str(scenario / "converge.yml"), "--limit", name,
+         "-e", "cluster_host_firewall=open"],
+        capture_output=True, text=True, env=environ, timeout=300,
+    )  # fmt: skip
+    assert run.returncode != 0
+    said = "host-plain: no firewall is active on this server (ufw is not active"
+    assert said in run.stdout + run.stderr, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "changed=0" in run.stdout
+    assert "Status: inactive" in host.check_output("ufw status")
