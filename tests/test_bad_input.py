@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from conftest import PlaybookResult, docker, recap_json, run_playbook
+from conftest import STATE_DIR, PlaybookResult, docker, recap_json, run_playbook
 
 
 def assert_stopped_before_any_change(result: PlaybookResult, message: str) -> None:
@@ -53,6 +54,59 @@ def test_zero_nodes_is_refused() -> None:
 def test_missing_docker_engine_is_named() -> None:
     result = run_playbook("site.yml", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert_stopped_before_any_change(result, "no Docker engine answers")
+
+
+def said(result: PlaybookResult) -> str:
+    """The playbook's output on one line, as written (Ansible wraps a long message and doubles a quote)."""
+    return " ".join(result.stdout.split()).replace("''", "'")
+
+
+def nodes_state() -> dict[str, tuple[str, str]]:
+    """Each node's container (id and start time) and its node.env, as they are now."""
+    return {
+        node: (
+            docker("inspect", "-f", "{{.Id}} {{.State.StartedAt}}", node).stdout.strip(),
+            (STATE_DIR / node / "etc" / "node.env").read_text(),
+        )
+        for node in ("node0", "node1")
+    }
+
+
+# Before test_taken_port_is_named, which takes node0 away: these two need the cluster that local_cluster made.
+def test_an_env_name_that_is_no_shell_name_is_refused_with_the_nodes_untouched(
+    local_cluster: PlaybookResult,
+) -> None:
+    before = nodes_state()
+    result = run_playbook("site.yml", extravars={"node_container_env": {"NCCL-DEBUG": "INFO", "OK": "1"}})
+    assert result.rc != 0
+    assert "node_container_env: 'NCCL-DEBUG' is not a variable name" in said(result), result.stdout[-3000:]
+    assert "rename it, e.g. NCCL_DEBUG" in said(result)
+    # refused by the node's preflight: no other task of the role ran, node.env is as it was, no container
+    # was made again or restarted
+    ran = [line for line in result.stdout.splitlines() if line.startswith("TASK [node_container")]
+    assert any("Check the node container settings" in line for line in ran), ran
+    assert all("Check the node container settings" in line or "Validating arguments" in line for line in ran)
+    assert nodes_state() == before
+
+
+def test_a_bad_job_request_is_refused_naming_it(local_cluster: PlaybookResult, tmp_path: Path) -> None:
+    result = run_playbook("train.yml", extravars={"nodes": 2, "script_args": "--output-dir /tmp/x"})
+    assert result.rc != 0
+    assert "script_args sets --output-dir, which the entrypoint's launcher owns" in said(result), (
+        result.stdout[-3000:]
+    )
+    assert "TASK [ddp_job : Start the job" not in result.stdout
+    outside, project = tmp_path / "outside", tmp_path / "project"
+    outside.mkdir()
+    (outside / "data.csv").write_text("1,2\n")
+    project.mkdir()
+    (project / "train.py").write_text("print('never run')\n")
+    (project / "data").symlink_to(outside)
+    result = run_playbook("train.yml", extravars={"nodes": 2, "workdir": str(project), "script": "train.py"})
+    assert result.rc != 0
+    assert f"data is a link to {outside}, outside the directory" in said(result), result.stdout[-3000:]
+    assert "-e workdir_follow_links=true" in said(result)
+    assert "TASK [ddp_job : Start the job" not in result.stdout
 
 
 @pytest.fixture
