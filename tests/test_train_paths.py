@@ -62,7 +62,7 @@ def test_a_link_planted_in_place_of_a_job_directory_is_refused_and_nothing_reach
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('this job must not start')\n")
     before = set(os.listdir(HOST_TMP))
-    node_exec("node0", f"ln -s {planted} /workspace/jobs/{job}")
+    node_exec("node0", f"mkdir -p /workspace/jobs && ln -s {planted} /workspace/jobs/{job}")
     started = time.monotonic()
     try:
         result = train(job, script=str(script))

@@ -142,6 +142,8 @@ def extract(archive: Path, target: Path) -> tuple[list[str], str]:
                     left_out.append(f"{name} ({why})")
                     continue
                 member.name = name
+                if member.isdir():  # set at once (not at the end, as extractall does): its members follow
+                    member.mode |= 0o700
                 try:
                     tar.extract(member, target, filter="data")
                 except (tarfile.FilterError, OSError) as error:

@@ -266,13 +266,15 @@ def _add(tar: tarfile.TarFile, member: Member, secrets: list[bytes]) -> str:
     if member.kind == "file":
         return _add_file(tar, member, secrets)
     info = tarfile.TarInfo(member.path)
-    if member.kind == "dir":
-        info.type, info.mode = tarfile.DIRTYPE, 0o755
-    else:
-        try:
+    try:
+        found = os.lstat(member.name, dir_fd=member.parent)
+        if member.kind == "dir":
+            info.type, info.mode = tarfile.DIRTYPE, found.st_mode & 0o777
+        else:
             info.type, info.linkname = tarfile.SYMTYPE, os.readlink(member.name, dir_fd=member.parent)
-        except OSError:
-            return "gone"
+    except OSError:
+        return "gone"
+    info.mtime = int(found.st_mtime)
     tar.addfile(info)
     return ""
 
