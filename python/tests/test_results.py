@@ -230,3 +230,12 @@ def test_an_archive_that_is_not_one_is_said(tmp_path: Path) -> None:
     (run / ".incoming" / "node0.tar.gz").write_bytes(b"not an archive")
     [warning] = results.lay_out(run, "node0", ["node0"]).warnings
     assert "node0's archive is truncated or corrupt" in warning
+
+
+def test_a_directory_without_write_permission_still_gets_its_members(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "j10"
+    locked = entry("output/ro", tarfile.DIRTYPE)
+    locked.mode = 0o500
+    raw_archive(run, "node0", [entry("output", tarfile.DIRTYPE), locked, entry("output/ro/x")])
+    assert results.lay_out(run, "node0", ["node0"]).warnings == []
+    assert (run / "output" / "ro" / "x").read_bytes() == b"x"
