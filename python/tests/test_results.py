@@ -239,3 +239,4 @@ def test_a_directory_without_write_permission_still_gets_its_members(tmp_path: P
     raw_archive(run, "node0", [entry("output", tarfile.DIRTYPE), locked, entry("output/ro/x")])
     assert results.lay_out(run, "node0", ["node0"]).warnings == []
     assert (run / "output" / "ro" / "x").read_bytes() == b"x"
+    assert (run / "output" / "ro").stat().st_mode & 0o700 == 0o700  # a user who is not root may write it
