@@ -1,9 +1,12 @@
 """The image stage: the node image through a registry (the controller's, tunnelled to each server, or the
-user's), a code change arriving as one small layer, pulls that fail naming the server, the cluster back on the
-repository's code; then a stand-in of NVIDIA's PyTorch container as the base (the servers stay on it)."""
+user's), a code change arriving as one small layer, pulled by digest with the built image's ID checked, the
+registry refusing a node container on the host network while it runs and gone after, pulls that fail naming
+the server, the cluster back on the repository's code; then a stand-in of NVIDIA's PyTorch container as the
+base (the servers stay on it)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import re
@@ -64,6 +67,94 @@ def assert_no_registry_left() -> None:
         assert not on_server(server, "docker image ls -q '127.0.0.1:*/*/*'").stdout.strip()
 
 
+# Run on a server's host network (its own loopback, as every node container there) while the image stage runs:
+# every 20 ms it tries the registry's port; when something listens, it asks as a job's code could, without the
+# stage's password: the API root, and the start of a push. Until /tmp/ddp-probe.stop appears; then it prints
+# what it got.
+PROBE = """
+import http.client, json, os, socket, time
+port, seen = int(os.environ["PORT"]), {"connected": 0, "answers": {}}
+while not os.path.exists("/tmp/ddp-probe.stop"):
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        up = s.connect_ex(("127.0.0.1", port)) == 0
+    if up:
+        seen["connected"] += 1
+        for method, path in (("GET", "/v2/"), ("POST", "/v2/ddp-cluster/sim-node/blobs/uploads/")):
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request(method, path)
+                status = str(conn.getresponse().status)
+            except OSError as error:
+                status = type(error).__name__
+            key = method + " " + status
+            seen["answers"][key] = seen["answers"].get(key, 0) + 1
+    time.sleep(0.02)
+with socket.socket() as s:
+    seen["after"] = s.connect_ex(("127.0.0.1", port))
+print(json.dumps(seen), flush=True)
+"""
+PROBE_CONTAINER = "ddp-registry-probe"
+
+
+@contextlib.contextmanager
+def registry_probe(servers: list[str]) -> Iterator[dict[str, dict[str, object]]]:
+    """PROBE on each server, in a container of the node image on the host network (the node container itself
+    is replaced when the image changes), while the block runs; what each saw, once the block is over."""
+    seen: dict[str, dict[str, object]] = {}
+    code = base64.b64encode(PROBE.encode()).decode()
+    for server in servers:
+        image = node_image(server)[1]
+        on_server(server, f"docker rm -f {PROBE_CONTAINER} >/dev/null 2>&1 || true")
+        run = f"import base64; exec(base64.b64decode('{code}'))"
+        on_server(server, f"docker run -d --name {PROBE_CONTAINER} --network host -e PORT={REGISTRY_PORT} "
+                          f"--entrypoint python3 {image} -c \"{run}\"")  # fmt: skip
+    try:
+        yield seen
+    finally:
+        for server in servers:
+            on_server(server, f"docker exec {PROBE_CONTAINER} touch /tmp/ddp-probe.stop", check=False)
+        for server in servers:
+            on_server(server, f"docker wait {PROBE_CONTAINER}", timeout=60)
+            said = on_server(server, f"docker logs {PROBE_CONTAINER}").stdout
+            on_server(server, f"docker rm -f {PROBE_CONTAINER}")
+            seen[server] = json.loads(said.strip().splitlines()[-1])
+
+
+def pulled_by_digest(result: PlaybookResult, servers: list[str], repository: str, built: str) -> None:
+    """Each server pulled REPOSITORY@DIGEST, the digest its push said (the module's report, shown by -v, and
+    Docker's own words in the pull's output it keeps), and holds the image the build made (ID ``built``)."""
+    digests = set(re.findall(r"^\s*digest: (sha256:[0-9a-f]{64})$", result.stdout, re.MULTILINE))
+    assert len(digests) == 1, result.stdout[-6000:]
+    by_digest = f"{repository}@{digests.pop()}"
+    said = result.stdout.count(f"Status: Downloaded newer image for {by_digest}")
+    assert said == len(servers), result.stdout[-6000:]
+    assert len(re.findall(rf"^\s*pulled: {re.escape(by_digest)}$", result.stdout, re.MULTILINE)) == len(
+        servers
+    )
+    assert re.search(rf"^\s*image_id: {built}$", result.stdout, re.MULTILINE), result.stdout[-6000:]
+    image = node_image(servers[0])[1]
+    for server in servers:
+        assert on_server(server, f"docker image inspect -f '{{{{.Id}}}}' {image}").stdout.strip() == built, (
+            server
+        )
+
+
+# 401, or the listener gone between the connect and the question (the tunnel's end closing with its pull).
+GONE = ("RemoteDisconnected", "ConnectionResetError", "ConnectionRefusedError")
+REFUSED = {f"{method} {said}" for method in ("GET", "POST") for said in ("401", *GONE)}
+
+
+def assert_probed_and_refused(seen: dict[str, dict[str, object]], server: str) -> None:
+    """The node container on ``server`` reached the registry's port while the stage ran, was refused every
+    time (401: no read, no push), and found nothing listening after."""
+    answers = seen[server]["answers"]
+    assert isinstance(answers, dict) and seen[server]["connected"], (server, seen[server])
+    assert set(answers) <= REFUSED, (server, answers)
+    assert answers.get("GET 401") and answers.get("POST 401"), (server, answers)
+    assert seen[server]["after"] != 0, (server, seen[server])
+
+
 def test_bare_servers_got_the_image_through_the_registry(sim_cluster: PlaybookResult) -> None:
     pushed = task_output(sim_cluster, "Push the image once, pull it on every server that lacks it")
     assert pushed.startswith("changed: [sim-server0 -> localhost]"), pushed
@@ -75,9 +166,18 @@ def test_a_code_change_reaches_every_server_as_one_small_layer(
     sim_cluster: PlaybookResult, healthy_again: None
 ) -> None:
     before = {server: node_image(server) for server in SERVERS}
-    with code_change("registry") as changed:
+    with code_change("registry") as changed, registry_probe(SERVERS) as seen:
+        started = time.monotonic()
         result = site(project=changed, cmdline="-v")
+    print(f"site.yml with a code change through the registry: {time.monotonic() - started:.0f} s")
     assert result.rc == 0, result.stdout[-6000:]
+    # Pulled by the push's digest, each server's image the one built (the controller's ID).
+    built = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", node_image("sim-server0")[1]],
+                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    pulled_by_digest(result, SERVERS, f"127.0.0.1:{REGISTRY_PORT}/{NODE_IMAGE}", built)
+    # A node container on the host network reached each server's tunnel end while it pulled, and was refused.
+    for server in SERVERS:
+        assert_probed_and_refused(seen, server)
     # Each server pulled one layer (the ddp_cluster code) and had every other; the registry sent well under 1%
     # of the image.
     assert re.findall(r"layers_pulled: (\d+)", result.stdout) == ["1", "1"], result.stdout[-6000:]
@@ -220,13 +320,14 @@ def test_the_users_registry_is_pushed_to_and_pulled_from(
         result = site(project=changed, cluster_registry=users_registry)
     assert result.rc == 0, result.stdout[-6000:]
     image = node_image("sim-server0")[1]
-    # Each server's engine fetched the manifest from the user's registry itself (no tunnel: its own address).
+    # Each server's engine fetched the manifest from the user's registry itself (no tunnel: its own address),
+    # by the push's digest, with its own login (none here).
     log = (tmp_path / "registry.log").read_text()
     for index, server in enumerate(SERVERS):
         assert node_image(server)[1] == image
         assert re.search(
             rf'http\.request\.method=(GET|HEAD) http\.request\.remoteaddr="172\.30\.99\.{10 + index}:\d+" '
-            rf"http\.request\.uri=/v2/ml/{NODE_IMAGE}/manifests/",
+            rf'http\.request\.uri="/v2/ml/{NODE_IMAGE}/manifests/sha256:[0-9a-f]{{64}}"',
             log,
         ), log[-3000:]
         assert not on_server(server, "docker image ls -q '172.30.99.1:5443/*/*/*'").stdout.strip()

@@ -3,9 +3,9 @@ fresh for this module, from a controller without Docker: no docker CLI on its PA
 
 Both servers are bare (an engine, no image). ``auto`` builds on sim-server0: its engine makes the project's
 base image (debootstrap, installed there from the server's own package sources) and builds the node image from
-a context of sources and wheels sent from the controller; sim-server1 pulls the image from a registry on
-sim-server0 over the cluster's own network. (A base already loaded on the servers, as at Ascend sites:
-bench/bench_builder.py.)
+a context of sources and wheels sent from the controller; sim-server1 pulls the image by digest from a
+registry on sim-server0 over the cluster's own network, which refuses the host network's containers. (A base
+already loaded on the servers, as at Ascend sites: bench/bench_builder.py.)
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from .conftest import (
     task_output,
     wait_engine,
 )
+from .test_sim_5_image import assert_probed_and_refused, pulled_by_digest, registry_probe
 from conftest import REPO, PlaybookResult, run_playbook
 
 BASE = "ddp-cluster/base:bookworm"
@@ -139,9 +141,18 @@ def test_a_code_change_is_built_on_the_server_and_reaches_the_other(
     built_on_server: PlaybookResult, no_docker: dict[str, str]
 ) -> None:
     before = image_id("sim-server0", node_image("sim-server0")[1])
-    with code_change("server build") as changed:
+    with code_change("server build") as changed, registry_probe(SERVERS) as seen:
+        started = time.monotonic()
         result = site(no_docker, project=changed, cmdline="-v")
+    print(f"site.yml with a code change built on a server: {time.monotonic() - started:.0f} s")
     assert result.rc == 0, result.stdout[-6000:]
+    # sim-server1 pulled by the digest of the build server's push and holds the image sim-server0 built; the
+    # registry on sim-server0's loopback and the tunnel's end on sim-server1's refused the host network's
+    # containers.
+    pulled_by_digest(result, ["sim-server1"], f"127.0.0.1:{REGISTRY_PORT}/{NODE_IMAGE}",
+                     image_id("sim-server0", node_image("sim-server0")[1]))  # fmt: skip
+    for server in SERVERS:
+        assert_probed_and_refused(seen, server)
     # The build server built it; the other pulled one layer (the package's code), over the cluster's network.
     assert re.findall(r"layers_pulled: (\d+)", result.stdout) == ["1"], result.stdout[-6000:]
     ref = node_image("sim-server0")[1]
