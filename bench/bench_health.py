@@ -29,7 +29,7 @@ def run(kind: str, nodes: int) -> tuple[float, dict[str, object] | None]:
     else:
         extra = ("-e", "preflight=true") if kind == "preflight" else ()
         wall, _, _ = playbook("train.yml", *common, "-e", f"script_args='{JOB_ARGS}'", *extra, nodes=nodes)
-    health = REPO / "runs" / job / "health.json"
+    health = REPO / "runs" / job / "output" / "health.json"
     return wall, json.loads(health.read_text()) if health.exists() else None
 
 

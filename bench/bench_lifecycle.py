@@ -57,7 +57,7 @@ def recovery() -> dict[str, float]:
     reference = f"bench-undisturbed-{uuid.uuid4().hex[:6]}"
     asked = ["-e", "nodes=2", "-e", f"script_args='{JOB_ARGS}'"]
     playbook("train.yml", *asked, "-e", f"job_id={reference}", nodes=3)
-    expected = json.loads((REPO / "runs" / reference / "summary.json").read_text())["accuracy"]
+    expected = json.loads((REPO / "runs" / reference / "output" / "summary.json").read_text())["accuracy"]
     job = f"bench-restart-{uuid.uuid4().hex[:6]}"
     args = [*asked, "-e", f"job_id={job}", "-e", "max_restarts=1"]
     env = os.environ | {"ANSIBLE_NOCOLOR": "1", "DDP_LOCAL_NODES": "3"}
@@ -79,7 +79,7 @@ def recovery() -> dict[str, float]:
     if proc.returncode != 0:
         raise SystemExit(f"the restarted job failed:\n{output[-4000:]}")
     restart = json.loads((REPO / "runs" / job / "status.json").read_text())["restarts"][0]
-    accuracy = json.loads((REPO / "runs" / job / "summary.json").read_text())["accuracy"]
+    accuracy = json.loads((REPO / "runs" / job / "output" / "summary.json").read_text())["accuracy"]
     return {
         "found_s": float(restart["lost_at"]) - killed,
         "training_again_s": float(restart["lost_at"]) + float(restart["training_again_s"]) - killed,

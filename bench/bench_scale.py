@@ -121,7 +121,8 @@ def task_seconds(out: str, task: str) -> float | None:
 
 
 def run_file(job: str, name: str) -> dict[str, Any]:
-    path = REPO / "runs" / job / name
+    # the controller's own status.json is the run's; what the job wrote is under its output/
+    path = REPO / "runs" / job / (name if name == "status.json" else f"output/{name}")
     return dict(json.loads(path.read_text())) if path.is_file() else {}
 
 

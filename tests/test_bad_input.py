@@ -81,11 +81,11 @@ def test_an_env_name_that_is_no_shell_name_is_refused_with_the_nodes_untouched(
     assert result.rc != 0
     assert "node_container_env: 'NCCL-DEBUG' is not a variable name" in said(result), result.stdout[-3000:]
     assert "rename it, e.g. NCCL_DEBUG" in said(result)
-    # refused by the node's preflight: no other task of the role ran, node.env is as it was, no container
-    # was made again or restarted
-    ran = [line for line in result.stdout.splitlines() if line.startswith("TASK [node_container")]
-    assert any("Check the node container settings" in line for line in ran), ran
-    assert all("Check the node container settings" in line or "Validating arguments" in line for line in ran)
+    # refused in site.yml's preflight stage: no task of any later stage (hosts, image, containers) ran,
+    # node.env is as it was, no container was made again or restarted
+    assert "TASK [Check the names of the variables the node containers export]" in result.stdout
+    staged = ("TASK [cluster_host", "TASK [training_image", "TASK [node_container", "TASK [ssh_mesh")
+    assert not [line for line in result.stdout.splitlines() if line.startswith(staged)]
     assert nodes_state() == before
 
 

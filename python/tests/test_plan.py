@@ -280,9 +280,11 @@ def test_a_project_is_packed_once_checked_and_is_the_ranks_working_directory(tmp
 
 def test_resume_takes_the_newest_checkpoint_of_the_named_or_latest_run(tmp_path: Path) -> None:
     assert "resume=true but no earlier run under" in refused(tmp_path, resume=True)
-    old = tmp_path / "runs" / "a" / "checkpoints" / "epoch-00001.ckpt"
-    new = tmp_path / "runs" / "b" / "checkpoints" / "epoch-00002.ckpt"
-    for index, path in enumerate((old, new)):
+    old = tmp_path / "runs" / "a" / "checkpoints" / "epoch-00001.ckpt"  # a run laid out before output/
+    new = tmp_path / "runs" / "b" / "output" / "checkpoints" / "epoch-00002.ckpt"
+    # a node's copy, newer, is not the run's checkpoint
+    copy = tmp_path / "runs" / "b" / "nodes" / "n1" / "output" / "checkpoints" / "epoch-00003.ckpt"
+    for index, path in enumerate((old, new, copy)):
         path.parent.mkdir(parents=True)
         path.write_bytes(b"x")
         os.utime(path, (1000 + index, 1000 + index))

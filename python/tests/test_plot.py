@@ -35,7 +35,7 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_plot_of_a_run_directory_reads_its_laid_out_output(tmp_path: Path) -> None:
-    """runs/<id>/ as train.yml lays it out: the job's metrics.jsonl is in output/, and loss.png goes beside."""
+    """runs/<id>/ as train.yml lays it out: metrics.jsonl is in output/, and loss.png goes beside it."""
     write_metrics(tmp_path / "runs" / "j1" / "output", sample_records())
     assert ddp_cluster(["plot", str(tmp_path / "runs" / "j1")]) == 0
     assert (tmp_path / "runs" / "j1" / "output" / "loss.png").read_bytes()[:8] == PNG_MAGIC

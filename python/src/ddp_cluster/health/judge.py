@@ -460,8 +460,13 @@ def render(health: Mapping[str, Any]) -> str:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """health.json of a run directory (or the file itself); ValueError naming what is wrong."""
-    file = path / HEALTH_FILE if path.is_dir() else path
+    """health.json of a run directory (its output's, or its own in runs laid out before the output had its own
+    folder), or the file itself; ValueError naming what is wrong."""
+    file = path
+    if path.is_dir():
+        file = (
+            path / "output" / HEALTH_FILE if (path / "output" / HEALTH_FILE).is_file() else path / HEALTH_FILE
+        )
     try:
         data = json.loads(file.read_text())
     except FileNotFoundError as error:

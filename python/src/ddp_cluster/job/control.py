@@ -225,6 +225,7 @@ class JobControl:
         self._last_updated: float | None = None
         self._changed_at = self._probed_at = self._checked_at = self.clock()
         self._shown_restarts = 0
+        self._status_problem = ""  # what the wait last said of a status.json that is no status
 
     @property
     def bound(self) -> float:
@@ -461,12 +462,21 @@ class JobControl:
             return None
         if done.rc != 0:
             return None
-        with contextlib.suppress(job_status.StatusError):  # a partial read: the next poll sees the whole file
+        try:
             found = job_status.loads(done.stdout)
-            if self.start_id and found.start_id and found.start_id != self.start_id:
-                return None  # an earlier job's status under the same id: not this start's
-            return found
-        return None
+        except job_status.TornStatus:  # a partial read: the next poll sees the whole file
+            return None
+        except job_status.StatusError as error:
+            # JSON that is no status (something else wrote it): said once; the supervisor's next write
+            # replaces it, and the wait goes on meanwhile
+            problem = job_status.unreadable(f"{self.node}:{self.status_file}", error)
+            if problem != self._status_problem:
+                self._status_problem = problem
+                self.say(f"{self.label}: {problem}")
+            return None
+        if self.start_id and found.start_id and found.start_id != self.start_id:
+            return None  # an earlier job's status under the same id: not this start's
+        return found
 
     def supervisor_not_here(self) -> bool:
         """Whether no supervisor of the job runs on this node (its server or container gone, or it died)."""

@@ -153,13 +153,17 @@ def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> 
             entry = jobs.setdefault(job, {"nodes": item.get("nodes", []), "status": None})
             if item.get("status"):
                 entry.update(status=item["status"], first=node, supervisor=item.get("supervisor"))
+            elif item.get("status_problem"):  # its first node has a status.json that is no status
+                entry.update(problem=f"{node}: {item['status_problem']}")
             entry["max_restarts"] = item.get("max_restarts", 0)
     rows = [("job", "state", "nodes", "progress", "started", "restarts")]
     order = sorted(jobs.items(), key=lambda pair: (pair[1].get("status") or {}).get("updated") or 0)
     for job, entry in order:
         found = entry.get("status") or {}
         state = str(found.get("state") or "")
-        if not found:  # status.json is on the job's first node: it did not answer, or never ran it
+        if not found and entry.get("problem"):
+            state = "unknown (its status.json is no status: below)"
+        elif not found:  # status.json is on the job's first node: it did not answer, or never ran it
             state = "unknown (no status: its first node did not answer)"
         elif state in ("starting", "running") and not entry.get("supervisor"):
             state = f"{state}, no supervisor on {entry.get('first')}"
@@ -185,4 +189,6 @@ def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> 
     for job, entry in order:
         for record in (entry.get("status") or {}).get("restarts") or []:
             lines.append(f"{job}: {job_status.describe_restart(record)}")
+        if entry.get("problem"):
+            lines.append(f"{job}: {entry['problem']}")
     return lines

@@ -188,12 +188,19 @@ class Plan:
 
 
 def find_checkpoint(runs_dir: Path, resume_from: str) -> str:
-    """The newest checkpoint fetched under ``runs_dir`` (of run ``resume_from`` when given), or ''."""
+    """The newest checkpoint fetched under ``runs_dir`` (of run ``resume_from`` when given), or ''. A run's
+    checkpoints are its output's (``runs/<id>/output/checkpoints/``; ``runs/<id>/checkpoints/`` in runs laid
+    out before the output had its own folder); the copies under ``runs/<id>/nodes/`` are not."""
+    run = resume_from or "*"
+    patterns = (
+        f"{run}/output/{checkpoint_names.FOLDER}/epoch-*.ckpt",
+        f"{run}/{checkpoint_names.FOLDER}/epoch-*.ckpt",
+    )
     found = [
         path
-        for path in runs_dir.glob(f"**/{checkpoint_names.FOLDER}/epoch-*.ckpt")
+        for pattern in patterns
+        for path in runs_dir.glob(pattern)
         if checkpoint_names.is_checkpoint(path.name)
-        and (not resume_from or path.parent.parent.name == resume_from)
     ]
     return str(max(found, key=lambda path: path.stat().st_mtime)) if found else ""
 

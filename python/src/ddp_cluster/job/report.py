@@ -163,7 +163,8 @@ def report(run_dir: Path) -> Report:
                 f"the results could not be laid out under {run_dir}: {str(error)[:300]} (the archives of the"
                 f" nodes are in {run_dir}/.incoming)"
             )
-    found = status.read(run_dir / status.FILE)
+    found, problem = status.read_checked(run_dir / status.FILE)
+    out.warnings += [problem] if problem else []
     succeeded = found is not None and found.succeeded
     restarts = [status.describe_restart(record) for record in (found.restarts if found else ())]
     if restarts:
