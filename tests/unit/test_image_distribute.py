@@ -147,12 +147,20 @@ def test_the_registrys_password_is_new_each_time_and_stored_as_bcrypt() -> None:
     assert base64.b64decode(dist.registry_auth(password)).decode() == f"ddp-cluster:{password}"
 
 
-def test_the_push_is_logged_in_by_a_configuration_of_its_own(tmp_path: Path) -> None:
+def test_the_push_is_logged_in_by_a_configuration_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     directory = dist.docker_config(str(tmp_path / "docker"), "127.0.0.1:15000", "QVVUSA==")
     path = Path(directory) / "config.json"
     assert json.loads(path.read_text()) == {"auths": {"127.0.0.1:15000": {"auth": "QVVUSA=="}}}
     assert path.stat().st_mode & 0o777 == 0o600 and Path(directory).stat().st_mode & 0o777 == 0o700
-    assert dist.push_env(directory)["DOCKER_CONFIG"] == directory
+    # The engine that built: the default socket unless DOCKER_HOST names one, whatever context the user's
+    # configuration (absent from this one) would choose.
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert dist.engine_env(directory) == {"DOCKER_CONTEXT": "default", "DOCKER_CONFIG": directory}
+    assert dist.engine_env() == {"DOCKER_CONTEXT": "default"}
+    monkeypatch.setenv("DOCKER_HOST", "ssh://root@10.0.0.5")
+    assert dist.engine_env(directory) == {"DOCKER_CONFIG": directory}
 
 
 DOCKER = r"""#!/bin/sh

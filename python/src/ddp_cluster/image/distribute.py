@@ -328,35 +328,32 @@ def run_bounded(
         return subprocess.CompletedProcess(argv, 124, output, f"timed out after {timeout} s")
 
 
+def engine_env(config: str | None = None) -> dict[str, str]:
+    """The controller's docker CLI on the engine that built (DOCKER_HOST, else the default socket: not another
+    docker context's, as the build chose it), with the client configuration directory ``config`` when given
+    (the registry's login alone), else the user's own (the user's registry's login)."""
+    chosen = {} if os.environ.get("DOCKER_HOST") else {"DOCKER_CONTEXT": "default"}
+    return {**chosen, **({"DOCKER_CONFIG": config} if config else {})}
+
+
 def image_id(image: str) -> str:
     """The controller's image's ID, which every server must end up with."""
-    found = run_bounded(["docker", "image", "inspect", "--format", "{{.Id}}", image], 60)
+    found = run_bounded(["docker", "image", "inspect", "--format", "{{.Id}}", image], 60, env=engine_env())
     if found.returncode != 0 or not IMAGE_ID.fullmatch(found.stdout.strip()):
         raise DistributionError(f"cannot read the ID of {image}: {_tail(found.stdout + found.stderr, 2)}")
     return found.stdout.strip()
 
 
-def push_env(config: str) -> dict[str, str]:
-    """The push's client configuration is ``config`` alone: the engine stays the one that built (DOCKER_HOST,
-    else the default socket), as no docker context of the user's is there to name it."""
-    return {
-        "DOCKER_CONFIG": config,
-        **({} if os.environ.get("DOCKER_HOST") else {"DOCKER_CONTEXT": "default"}),
-    }
-
-
 def push(image: str, reference: str, timeout: int, config: str | None = None) -> tuple[int, str]:
     """Push the controller's image under the registry's name, logged in by the client configuration
     directory ``config`` (None: the user's own); returns the layers sent and the manifest's digest."""
-    tagged = run_bounded(["docker", "tag", image, reference], 60)
+    tagged = run_bounded(["docker", "tag", image, reference], 60, env=engine_env())
     if tagged.returncode != 0:
         raise DistributionError(f"cannot tag {image} as {reference}: {tagged.stderr.strip()}")
     try:
-        pushed = run_bounded(
-            ["docker", "push", reference], timeout, env=None if config is None else push_env(config)
-        )
+        pushed = run_bounded(["docker", "push", reference], timeout, env=engine_env(config))
     finally:
-        run_bounded(["docker", "rmi", reference], 60)
+        run_bounded(["docker", "rmi", reference], 60, env=engine_env())
     if pushed.returncode != 0:
         detail = _tail(pushed.stdout + pushed.stderr, 2)
         raise DistributionError(f"the push of {reference} failed (rc {pushed.returncode}): {detail}")
