@@ -170,6 +170,7 @@ def test_a_code_change_reaches_every_server_as_one_small_layer(
         started = time.monotonic()
         result = site(project=changed, cmdline="-v")
     print(f"site.yml with a code change through the registry: {time.monotonic() - started:.0f} s")
+    print(f"what the host networks' probes saw: {seen}")
     assert result.rc == 0, result.stdout[-6000:]
     # Pulled by the push's digest, each server's image the one built (the controller's ID).
     built = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", node_image("sim-server0")[1]],

@@ -145,6 +145,7 @@ def test_a_code_change_is_built_on_the_server_and_reaches_the_other(
         started = time.monotonic()
         result = site(no_docker, project=changed, cmdline="-v")
     print(f"site.yml with a code change built on a server: {time.monotonic() - started:.0f} s")
+    print(f"what the host networks' probes saw: {seen}")
     assert result.rc == 0, result.stdout[-6000:]
     # sim-server1 pulled by the digest of the build server's push and holds the image sim-server0 built; the
     # registry on sim-server0's loopback and the tunnel's end on sim-server1's refused the host network's
