@@ -16,6 +16,7 @@ def test_torchrun_is_torch_distributed_run_of_this_interpreter() -> None:
     assert argv == [
         "/opt/venv/bin/python",
         "-m",
+        "ddp_cluster.runtime.store",
         "torch.distributed.run",
         "--node-rank=1",
         "--nnodes",
@@ -27,7 +28,10 @@ def test_torchrun_is_torch_distributed_run_of_this_interpreter() -> None:
 @pytest.mark.parametrize("runner", [["--runner", "torch_npu_run"], ["--runner=torch_npu_run"]])
 def test_torch_npu_run_is_torch_npus_launcher_with_the_same_arguments(runner: list[str]) -> None:
     argv = torchrun_argv([*runner, "--nnodes", "2", "train.py"], MPI_NODE_1, python="python")
-    assert argv == ["python", "-m", "torch_npu.distributed.run", "--node-rank=1", "--nnodes", "2", "train.py"]
+    assert argv == [
+        *("python", "-m", "ddp_cluster.runtime.store", "torch_npu.distributed.run"),
+        *("--node-rank=1", "--nnodes", "2", "train.py"),
+    ]
 
 
 def test_unknown_runner_is_refused() -> None:

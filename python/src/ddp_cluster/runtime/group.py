@@ -13,10 +13,21 @@ import torch.distributed as dist
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.runtime.device import Placement
 from ddp_cluster.runtime.distenv import DistEnv
+from ddp_cluster.runtime.store import hosted_store
 
 
 @contextmanager
 def process_group(env: DistEnv, placement: Placement, timeout_s: float) -> Iterator[None]:
+    """Join the job's process group (:func:`joined`). Rank 0 of a job whose group starts its own rendezvous
+    (mpirun's) first makes the store's server on MASTER_ADDR:MASTER_PORT only, which the rendezvous then uses
+    (torch's own would listen on every address of the node: :mod:`ddp_cluster.runtime.store`); it is dropped
+    after the group is destroyed."""
+    with hosted_store(env, timeout_s), joined(env, placement, timeout_s):
+        yield
+
+
+@contextmanager
+def joined(env: DistEnv, placement: Placement, timeout_s: float) -> Iterator[None]:
     """Join the job's process group; leave it with a barrier then destroy, in ``finally``.
 
     Measured with torch 2.13 and gloo: destroying the group without the barrier made one rank abort at exit

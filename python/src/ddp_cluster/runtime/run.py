@@ -33,6 +33,7 @@ from ddp_cluster.runtime.distenv import resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
 from ddp_cluster.runtime.heartbeat import install_stack_dump
 from ddp_cluster.runtime.secrets import load_secrets
+from ddp_cluster.runtime.store import rank_store
 
 USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
@@ -103,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         install_stack_dump(variables["RANK"])  # before the device check and the script: both may hang
         announce_binding(int(variables["LOCAL_RANK"]), f"ddp_cluster.run: rank {variables['RANK']}")
         check_job_device()
+        # Rank 0 of an mpirun job: the rendezvous store on MASTER_ADDR:MASTER_PORT only, which the script's
+        # init_process_group then uses (ddp_cluster.runtime.store); kept while the script runs.
+        store = rank_store(resolve_dist_env())
     except DdpClusterError as error:
         print(f"ddp_cluster.run: error: {error}", file=sys.stderr)
         return 2
@@ -110,7 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not as_module:
         # As ``python SCRIPT`` does: the script's directory comes first on the import path.
         sys.path.insert(0, str(Path(target).resolve().parent))
-    return run_script(target, as_module)
+    try:
+        return run_script(target, as_module)
+    finally:
+        del store
 
 
 def run_script(target: str, as_module: bool) -> int:

@@ -21,6 +21,7 @@ from ddp_cluster.errors import DistEnvError
 
 NODE_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_NODEID")
 RUNNERS = {"torchrun": "torch.distributed.run", "torch_npu_run": "torch_npu.distributed.run"}
+STORE_FRONT = "ddp_cluster.runtime.store"  # run by module name: supervisor/ imports nothing of runtime/
 
 
 def node_rank(environ: dict[str, str] | os._Environ[str]) -> int:
@@ -59,7 +60,10 @@ def torchrun_argv(
     runner, args = split_runner(argv)
     if any(arg == "--node-rank" or arg.startswith(("--node-rank=", "--node_rank")) for arg in args):
         raise DistEnvError("do not pass --node-rank: it comes from the node's mpirun rank")
-    return [python or sys.executable, "-m", RUNNERS[runner], f"--node-rank={node_rank(environ)}", *args]
+    # Through ddp_cluster.runtime.store, which binds torchrun's store (node 0's agent) to --master-addr only
+    # before it runs the launcher in the same process; torch_npu_run's it runs as it is.
+    front = [python or sys.executable, "-m", STORE_FRONT, RUNNERS[runner]]
+    return [*front, f"--node-rank={node_rank(environ)}", *args]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
