@@ -116,6 +116,19 @@ def train(job: str, inventory: Path = SIM, **extravars: object) -> PlaybookResul
     return run_playbook("train.yml", extravars={"job_id": job, **extravars}, inventory=inventory)
 
 
+def wait_for_progress(
+    playbook: subprocess.Popen[str], job: str, mark: str = '"step"', within: float = 240
+) -> None:
+    """Until the job's status.json on sim-server0 holds ``mark`` (a step reported); fails when train.yml ends
+    first or ``within`` seconds pass."""
+    status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
+    deadline = time.monotonic() + within
+    while mark not in on_server("sim-server0", f"cat {status} 2>/dev/null", check=False).stdout:
+        assert playbook.poll() is None, "train.yml ended before the job made progress"
+        assert time.monotonic() < deadline, f"the job made no progress within {within:.0f} s"
+        time.sleep(1)
+
+
 def job_id(name: str) -> str:
     return f"test-sim-{name}-{uuid.uuid4().hex[:6]}"
 

@@ -11,7 +11,18 @@ import time
 
 import pytest
 
-from .conftest import QUICK, RUNS, SIM, STATE, job_id, on_node, on_server, train, wait_engine
+from .conftest import (
+    QUICK,
+    RUNS,
+    SIM,
+    STATE,
+    job_id,
+    on_node,
+    on_server,
+    train,
+    wait_engine,
+    wait_for_progress,
+)
 from conftest import PlaybookResult, run_playbook, start_train
 
 
@@ -42,13 +53,8 @@ def test_dead_server_fails_the_job_within_60s_naming_it(sim_cluster: PlaybookRes
     job = job_id("dead")
     args = "--dataset synthetic --synthetic-samples 200000 --epochs 50 --batch-size 64 --log-every 50"
     playbook = start_train(job, args, SIM)
-    status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
     try:
-        deadline = time.monotonic() + 240
-        while '"step"' not in on_server("sim-server0", f"cat {status} 2>/dev/null", check=False).stdout:
-            assert playbook.poll() is None, "train.yml ended before the job made progress"
-            assert time.monotonic() < deadline, "the job made no progress within 240 s"
-            time.sleep(1)
+        wait_for_progress(playbook, job)
         subprocess.run(["docker", "kill", "sim-server1"], check=True, capture_output=True)
         killed = time.monotonic()
         output, _ = playbook.communicate(timeout=150)
@@ -71,13 +77,8 @@ def test_a_killed_server_is_recovered_on_the_other_within_90s(sim_cluster: Playb
     job = job_id("restart")
     args = "--dataset digits --epochs 400 --batch-size 32 --log-every 10 --checkpoint-every 50"
     playbook = start_train(job, args, SIM, extra=("-e", "max_restarts=1", "-e", "min_nodes=1"))
-    status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
     try:
-        deadline = time.monotonic() + 240
-        while '"step": 5' not in on_server("sim-server0", f"cat {status} 2>/dev/null", check=False).stdout:
-            assert playbook.poll() is None, "train.yml ended before the job made progress"
-            assert time.monotonic() < deadline, "the job made no progress within 240 s"
-            time.sleep(1)
+        wait_for_progress(playbook, job, mark='"step": 5')
         subprocess.run(["docker", "kill", "sim-server1"], check=True, capture_output=True)
         killed = time.time()
         output, _ = playbook.communicate(timeout=400)

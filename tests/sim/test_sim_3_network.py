@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .conftest import SERVERS, SIM, STATE, job_id, on_node, on_server, site, wait_engine
+from .conftest import SERVERS, SIM, job_id, on_node, on_server, site, wait_engine, wait_for_progress
 from conftest import PlaybookResult, run_playbook, start_train
 
 ADDRESSES = {"sim-server0": "172.30.99.10", "sim-server1": "172.30.99.11"}
@@ -63,13 +63,8 @@ def test_a_jobs_master_port_listens_on_the_first_nodes_cluster_address_only(
     job = job_id(f"port-{launcher}")
     args = "--dataset synthetic --synthetic-samples 200000 --epochs 50 --batch-size 64 --log-every 50"
     playbook = start_train(job, args, SIM, extra=("-e", f"launcher={launcher}"))
-    status = f"{STATE}/sim-server0/workspace/jobs/{job}/status.json"
     try:
-        deadline = time.monotonic() + 240
-        while '"step"' not in on_server("sim-server0", f"cat {status} 2>/dev/null", check=False).stdout:
-            assert playbook.poll() is None, "train.yml ended before the job made progress"
-            assert time.monotonic() < deadline, "the job made no progress within 240 s"
-            time.sleep(1)
+        wait_for_progress(playbook, job)
         # Rank 0's store (mpirun) or node 0's torchrun agent's: each listener on the address only.
         held = listening("sim-server0", MASTER_PORT)
         answers_loopback = on_server("sim-server0", f"{CONNECT} 127.0.0.1 {MASTER_PORT}", check=False)
