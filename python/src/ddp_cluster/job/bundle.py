@@ -67,9 +67,7 @@ def pack_project(
             "reused": False,
         }
     try:
-        summary = workdir.pack(
-            Path(project), script, archive, int(max_mb * 2**20), follow_links=follow_links
-        )
+        summary = workdir.pack(Path(project), script, archive, int(max_mb * 2**20), follow_links=follow_links)
     except workdir.WorkdirError as error:
         raise PlanError([f"{error}; nothing was started"]) from None
     return {**summary, "workdir": project, "follow_links": follow_links, "reused": False}
