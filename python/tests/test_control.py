@@ -48,7 +48,7 @@ class FakeNode:
             raise Unreachable("ssh: connect to host server0 port 22: No route to host")
         if " --claim " in command:
             return Done(0, json.dumps(self.claims.pop(0) if len(self.claims) > 1 else self.claims[0]) + "\n")
-        if command.startswith("cat "):
+        if command.startswith("python3 -c "):
             found = self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
             return Done(0, found.dumps()) if found else Done(1)
         if command.startswith("docker inspect"):
@@ -191,7 +191,7 @@ def test_ctrl_c_stops_the_job_on_every_node_with_the_reason_and_returns_its_last
 
     def press(command: str) -> None:
         nonlocal reads
-        reads += command.startswith("cat ")
+        reads += command.startswith("python3 -c ")
         if reads == 2:
             interrupt.touch()
 
@@ -251,7 +251,7 @@ def test_a_first_node_whose_server_does_not_answer_is_gone(tmp_path: Path, inter
 
     def die(command: str) -> None:
         nonlocal reads
-        reads += command.startswith("cat ")
+        reads += command.startswith("python3 -c ")
         node.down = reads > 2
 
     node.on_command = die
@@ -588,3 +588,48 @@ def test_a_standby_where_nothing_of_the_job_runs_ends_the_follow_at_once(
     result = job.run()
     assert result["state"] == "failed" and "no node took it over" in result["status"]["reason"]
     assert clock.now - 1000.0 <= 3
+
+
+# --- the status read, as the server's root in a directory a job's code can write ---
+
+
+def test_the_status_is_read_without_following_a_link(tmp_path: Path) -> None:
+    """A status.json (or the job's directory) planted as a link to a host file is not read from the host;
+    nor a fifo (an open would hang); a regular status.json is."""
+    job_dir = tmp_path / "workspace" / "jobs" / "J1"
+    job_dir.mkdir(parents=True)
+    host = tmp_path / "host-shadow"
+    host.write_text("root:HOST SECRET")
+    command = control.read_command(f"{job_dir}/", "status.json")
+
+    def read() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(command, shell=True, capture_output=True, text=True, timeout=30)
+
+    (job_dir / "status.json").write_text(RUNNING.dumps())
+    done = read()
+    assert done.returncode == 0 and done.stdout == RUNNING.dumps(), done
+    (job_dir / "status.json").unlink()
+    (job_dir / "status.json").symlink_to(host)
+    done = read()
+    assert done.returncode == 1 and done.stdout == "", done
+    (job_dir / "status.json").unlink()
+    os.mkfifo(job_dir / "status.json")
+    done = read()
+    assert done.returncode == 1 and done.stdout == "", done
+    (job_dir / "status.json").unlink()
+    moved = tmp_path / "elsewhere"
+    job_dir.rename(moved)
+    (moved / "status.json").write_text("root:HOST SECRET")
+    job_dir.symlink_to(moved)  # the job's directory itself a link to a host directory
+    done = read()
+    assert done.returncode == 1 and "HOST SECRET" not in done.stdout, done
+
+
+def test_the_wait_reads_the_status_through_the_no_link_read(tmp_path: Path, interrupt: Path) -> None:
+    node = FakeNode([RUNNING, DONE])
+    result, _ = follow(tmp_path, node, interrupt)
+    assert result["state"] == "succeeded", result
+    expected = control.read_command("/srv/ddp/node0/jobs/J1", "status.json")
+    assert f"{expected} 2>/dev/null" in node.commands
+    assert not [command for command in node.commands if command.startswith("cat ")]
+    assert expected.endswith(" /srv/ddp/node0 jobs/J1/status.json")

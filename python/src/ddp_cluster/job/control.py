@@ -128,6 +128,31 @@ def supervisor_check(job_dir: str) -> str:
     )
 
 
+# Reads the file argv[2] (relative) of the directory argv[1] as the server's root without following a link
+# (the job's directory is in the workspace a job's code can write: a status.json planted as a link to a
+# host file would be read from the host): each component opened from the workspace down with O_NOFOLLOW, a
+# regular file only (not a fifo that would hang, not /dev/zero), at most 4 MiB; rc 1 otherwise.
+READ_NOFOLLOW = (
+    "import functools,os,stat,sys;"
+    'D=os.O_RDONLY|os.O_DIRECTORY|os.O_NOFOLLOW;p=sys.argv[2].split("/");'
+    "d=functools.reduce(lambda d,n:os.open(n,D,dir_fd=d),p[:-1],"
+    "os.open(sys.argv[1],os.O_RDONLY|os.O_DIRECTORY));"
+    "f=os.open(p[-1],os.O_RDONLY|os.O_NOFOLLOW|os.O_NONBLOCK,dir_fd=d);"
+    "stat.S_ISREG(os.fstat(f).st_mode) or sys.exit(1);"
+    'sys.stdout.buffer.write(os.fdopen(f,"rb").read(1<<22))'
+)
+
+
+def read_command(host_dir: str, name: str) -> str:
+    """The server's command that prints the file ``name`` of the job directory ``host_dir`` (the plan's
+    ``host_dirs``: <the node's workspace>/jobs/<job id>), never through a link (:data:`READ_NOFOLLOW`);
+    rc 1, and nothing printed, when it is missing, a link or not a regular file."""
+    job = Path(host_dir.rstrip("/"))
+    relative = f"{job.parent.name}/{job.name}/{name}"
+    workspace = shlex.quote(str(job.parent.parent))
+    return f"python3 -c {shlex.quote(READ_NOFOLLOW)} {workspace} {shlex.quote(relative)}"
+
+
 def last_words_of(output: str) -> str:
     """What a dead supervisor said last, from :func:`supervisor_check`'s output."""
     lines = [line.strip() for line in output.splitlines()[1:] if line.strip()]
@@ -216,6 +241,7 @@ class JobControl:
     def __post_init__(self) -> None:
         self.label = f"{self.plan['label']} {self.plan['id']}"
         self.status_file = f"{self.plan['host_dirs'][self.node]}/{job_status.FILE}"
+        self.status_read = read_command(str(self.plan["host_dirs"][self.node]), job_status.FILE)
         self.first_lost = False
         self.supervisor_dead = ""  # the dead supervisor's last words, once found dead
         self.nobody = (
@@ -457,7 +483,7 @@ class JobControl:
 
     def read(self) -> Status | None:
         try:
-            done = self.transport.run(f"cat {shlex.quote(self.status_file)} 2>/dev/null")
+            done = self.transport.run(f"{self.status_read} 2>/dev/null")
         except Unreachable:  # the first node's server does not answer (its loss is found by first_silent)
             return None
         if done.rc != 0:
