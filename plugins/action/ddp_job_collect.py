@@ -3,8 +3,10 @@
 Runs the ``ddp_job_pack`` module on the node's server (everything of the job's directory but older
 checkpoints, whatever the job's end; the server's own Python, so a node whose container died still sends its
 logs) and fetches the archive to runs/<id>/.incoming/<node>.tar.gz, checked against the SHA-256 the module
-computed from its own bytes (the node container can write the job's directory: an archive swapped between
-the pack and the fetch is thrown away, with a warning); then the archive is removed from the server. Every
+computed from its own bytes. The module writes the archive outside the workspace, in a directory of the
+server's root (mode 0700) that nothing of the node container can reach: the fetch, as root, never reads a
+path a job's code could swap for a link. The archive and its directory are removed from the server after
+the fetch, whether it worked or not. Every
 node at once (one task; Ansible's forks). The module refuses a job directory reached through a link (named
 in the warning) and leaves out devices and fifos (a warning names them). A node the supervisor found lost
 (``lost: true``) may not answer at all: it is tried with a short connection timeout (the task's), and what
@@ -25,8 +27,6 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
-ARCHIVE = "results.tar.gz"
-
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
@@ -41,27 +41,27 @@ class ActionModule(ActionBase):
         node = str((task_vars or {})["inventory_hostname"])
         host_dir = plan["host_dirs"][node]
         # the plan's host_dirs are <the node's workspace>/jobs/<job id>
-        where = {"job_dir": host_dir, "archive": f"{host_dir}/{ARCHIVE}"}
-        where["workspace"] = str(PurePosixPath(host_dir).parent.parent)
+        where = {"job_dir": host_dir, "workspace": str(PurePosixPath(host_dir).parent.parent)}
         packed = self._execute_module("ddp_job_pack", module_args=where, task_vars=task_vars)
         if packed.get("failed"):
             return self._failed(result, node, lost, f"could not pack its results: {packed.get('msg', '')}")
+        archive = str(packed["archive"])
         destination = Path(plan["run_dir"], ".incoming", f"{node}.tar.gz")
-        destination.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._connection.fetch_file(where["archive"], str(destination))
-        except AnsibleError as error:
-            return self._failed(result, node, lost, f"could not fetch {where['archive']}: {error}")
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            self._connection.fetch_file(archive, str(destination))
+        except (AnsibleError, OSError) as error:
+            return self._failed(result, node, lost, f"could not fetch {archive}: {error}")
+        finally:  # the archive's directory is the server's root's: nothing else removes it
+            removal = {"archive": archive, "remove": True}
+            self._execute_module("ddp_job_pack", module_args=removal, task_vars=task_vars)
         digest = hashlib.sha256()
         with destination.open("rb") as fetched:
             for block in iter(lambda: fetched.read(1 << 20), b""):
                 digest.update(block)
-        self._execute_module("ddp_job_pack", module_args={**where, "remove": True}, task_vars=task_vars)
         if digest.hexdigest() != packed.get("sha256"):
             destination.unlink()
-            return self._failed(
-                result, node, lost, f"{where['archive']} changed on the server after it was packed"
-            )
+            return self._failed(result, node, lost, f"{archive} changed on the server after it was packed")
         warnings = (
             [f"{node}: left out of its results: {', '.join(packed['left_out'])}"]
             if packed.get("left_out")

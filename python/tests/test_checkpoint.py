@@ -187,11 +187,12 @@ def test_list_latest_and_keep_order_mid_epoch_checkpoints_by_epoch_then_step(tmp
 def test_pack_keeps_the_checkpoint_that_resume_would_load(tmp_path: Path) -> None:
     from ddp_cluster.server import pack
 
-    checkpoints = tmp_path / pack.CHECKPOINTS
+    job_dir = tmp_path / "jobs" / "job-1"  # the node's workspace being tmp_path
+    checkpoints = job_dir / pack.CHECKPOINTS
     for epoch, step in [(0, 4), (1, None), (1, 12), (2, None), (2, 17)]:
         ckpt.save_checkpoint(checkpoints, epoch, sample_state(), keep=3, step=step)
-        _, newest = pack.members(str(tmp_path), str(tmp_path / "results.tar.gz"))
-        assert tmp_path / newest == ckpt.latest_checkpoint(checkpoints)
+        _, newest, _ = pack.members(str(job_dir), str(tmp_path))
+        assert job_dir / newest == ckpt.latest_checkpoint(checkpoints)
     assert newest.endswith("epoch-00002.step-000000017.ckpt")
 
 

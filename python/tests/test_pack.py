@@ -11,6 +11,7 @@ import os
 import stat
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,19 +45,27 @@ def job(tmp_path: Path) -> Path:
 PACKED = [
     "status.json", "hostfile", "logs", "logs/1", "logs/1/rank.0", "logs/1/rank.0/stdout", "output",
     "output/metrics.jsonl", "output/checkpoints", "output/checkpoints/epoch-00002.ckpt", "project",
-    "project/pkg", "project/pkg/mod.py", "empty", "data",
+    "project/pkg", "project/pkg/mod.py", "empty", "data", "results.tar.gz",
 ]  # fmt: skip
 
 
-def pack_it(job_dir: Path, check: bool = False) -> dict[str, object]:
-    """The job directory packed into its results.tar.gz, the node's workspace being tmp_path."""
-    return pack_job(str(job_dir), str(job_dir / "results.tar.gz"), str(job_dir.parent.parent), check=check)
+def server_tmp(workspace: Path) -> Path:
+    """The server's temporary directory, beside the node's workspace (tmp_path), not inside it."""
+    found = workspace.with_name(f"{workspace.name}-server-tmp")
+    found.mkdir(exist_ok=True)
+    return found
+
+
+def pack_it(job_dir: Path, check: bool = False) -> dict[str, Any]:
+    """The job directory packed, the node's workspace being tmp_path."""
+    workspace = job_dir.parent.parent
+    return pack_job(str(job_dir), str(workspace), check=check, into=str(server_tmp(workspace)))
 
 
 def test_everything_but_older_checkpoints_temporary_files_and_caches_is_packed(tmp_path: Path) -> None:
     job_dir = job(tmp_path)
-    archive = job_dir / "results.tar.gz"
     packed = pack_it(job_dir)
+    archive = Path(packed["archive"])
     assert packed["checkpoint"] == "output/checkpoints/epoch-00002.ckpt"
     with tarfile.open(archive) as tar:
         names = tar.getnames()
@@ -65,27 +74,34 @@ def test_everything_but_older_checkpoints_temporary_files_and_caches_is_packed(t
     assert sorted(names) == sorted(PACKED)
     assert packed["members"] == len(names) and packed["bytes"] == archive.stat().st_size
     assert packed["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest() and packed["left_out"] == []
-    # Nothing is left beside the job directory, nor inside it but the archive.
-    assert sorted(path.name for path in (tmp_path / "jobs").iterdir()) == ["job-1"]
-    assert not list(job_dir.glob(".*"))
+    # The archive is in a directory of its own, mode 0700, outside the workspace; nothing is written there.
+    assert archive.parent.parent == server_tmp(tmp_path) and archive.parent.name.startswith("ddp-pack-")
+    assert stat.S_IMODE(archive.parent.stat().st_mode) == 0o700 and os.listdir(archive.parent) == [
+        archive.name
+    ]
     assert stat.S_IMODE(archive.stat().st_mode) == 0o600
+    assert sorted(path.name for path in (tmp_path / "jobs").iterdir()) == ["job-1"]
+    assert not list(job_dir.glob(".*")) and (job_dir / "results.tar.gz").read_text() == "an earlier archive"
+    assert remove_archive(str(archive)) and not archive.parent.exists()
+    assert not remove_archive(str(archive))
 
 
 def test_parents_come_before_their_children(tmp_path: Path) -> None:
     job_dir = job(tmp_path)
-    paths, _, _ = members(str(job_dir), str(tmp_path), "elsewhere.tar.gz")
+    paths, _, _ = members(str(job_dir), str(tmp_path))
     for index, path in enumerate(paths):
         parent = str(Path(path).parent)
         assert parent == "." or paths.index(parent) < index, path
-    assert "results.tar.gz" in paths  # an earlier archive goes in when it is not the one being written
+    assert "results.tar.gz" in paths  # a file of the job's like any other: the archive is never written there
 
 
 def test_a_job_without_checkpoints_packs_its_logs(tmp_path: Path) -> None:
     job_dir = tmp_path / "jobs" / "job-2"
     (job_dir / "logs").mkdir(parents=True)
     (job_dir / "logs" / "agent.0.log").write_text("failed\n")
-    assert pack_it(job_dir)["checkpoint"] == ""
-    with tarfile.open(job_dir / "results.tar.gz") as tar:
+    packed = pack_it(job_dir)
+    assert packed["checkpoint"] == ""
+    with tarfile.open(packed["archive"]) as tar:
         assert sorted(tar.getnames()) == ["logs", "logs/agent.0.log"]
 
 
@@ -93,13 +109,15 @@ def test_check_mode_writes_nothing(tmp_path: Path) -> None:
     job_dir = job(tmp_path)
     packed = pack_it(job_dir, check=True)
     assert packed == {
-        "members": 15,
+        "archive": "",
+        "members": 16,
         "bytes": 0,
         "sha256": "",
         "checkpoint": "output/checkpoints/epoch-00002.ckpt",
         "left_out": [],
     }
     assert (job_dir / "results.tar.gz").read_text() == "an earlier archive"
+    assert list(server_tmp(tmp_path).iterdir()) == []
 
 
 def test_a_missing_job_directory_is_named(tmp_path: Path) -> None:
@@ -108,20 +126,28 @@ def test_a_missing_job_directory_is_named(tmp_path: Path) -> None:
         pack_it(tmp_path / "jobs" / "never")
 
 
-def test_the_archive_is_written_only_inside_the_job_directory(tmp_path: Path) -> None:
+def test_only_an_archive_of_the_pack_is_removed(tmp_path: Path) -> None:
+    """remove_archive runs as root with a path from the controller: anything but <tmp>/ddp-pack-*/
+    results.tar.gz is refused, nothing removed."""
     job_dir = job(tmp_path)
-    with pytest.raises(PackError, match=r"must be a file of the job directory .*jobs/job-1/results.tar.gz"):
-        pack_job(str(job_dir), str(tmp_path / "elsewhere" / "results.tar.gz"), str(tmp_path))
-    assert sorted(path.name for path in (tmp_path / "jobs").iterdir()) == ["job-1"]
+    for path in (job_dir / "results.tar.gz", job_dir / "status.json", tmp_path / "ddp-pack-x" / "other"):
+        with pytest.raises(PackError, match="is not an archive of ddp_job_pack"):
+            remove_archive(str(path))
+    assert (job_dir / "results.tar.gz").exists() and (job_dir / "status.json").exists()
 
 
-def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
+def test_a_failed_write_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     job_dir = job(tmp_path)
-    (job_dir / "results.tar.gz").unlink()
-    (job_dir / "results.tar.gz").mkdir()  # the rename over it fails
-    with pytest.raises(PackError, match="could not pack"):
+    (job_dir / "secrets.json").write_text(json.dumps({"T": "abcdefgh"}))
+
+    def full(*_: object) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pack, "_add", full)
+    with pytest.raises(PackError, match=r"could not pack .*No space left on device"):
         pack_it(job_dir)
-    assert not list(job_dir.glob(".*"))
+    assert list(server_tmp(tmp_path).iterdir()) == []
+    assert (job_dir / "secrets.json").exists()  # kept: a collect run again still masks the values
 
 
 # --- links planted by a node container: never followed, refused by name ---
@@ -142,17 +168,16 @@ def test_a_job_directory_reached_through_a_link_is_refused_naming_it(tmp_path: P
     job_dir = workspace / "jobs" / "job-1"
     for check in (False, True):
         with pytest.raises(PackError, match=rf"{workspace / component} on this server is a symbolic link"):
-            pack_job(str(job_dir), str(job_dir / "results.tar.gz"), str(workspace), check=check)
-    with pytest.raises(PackError, match="symbolic link"):
-        remove_archive(str(job_dir), str(job_dir / "results.tar.gz"), str(workspace))
+            pack_job(str(job_dir), str(workspace), check=check, into=str(server_tmp(workspace)))
     assert sorted(path.name for path in elsewhere.rglob("*")) == ["docker-config.json", "job-1"]
+    assert list(server_tmp(workspace).iterdir()) == []
 
 
 def test_a_job_directory_outside_the_workspace_is_refused(tmp_path: Path) -> None:
     job_dir = job(tmp_path)
     for outside in (tmp_path / "jobs" / "job-1" / ".." / ".." / "..", tmp_path.parent):
         with pytest.raises(PackError, match="is not inside the node's workspace"):
-            pack_job(str(outside), str(Path(outside) / "results.tar.gz"), str(job_dir))
+            pack_job(str(outside), str(job_dir), into=str(server_tmp(tmp_path)))
 
 
 def test_links_inside_go_in_as_links_and_are_never_opened(tmp_path: Path) -> None:
@@ -168,26 +193,29 @@ def test_links_inside_go_in_as_links_and_are_never_opened(tmp_path: Path) -> Non
     os.mkfifo(job_dir / "output" / "pipe")
     packed = pack_it(job_dir)
     assert packed["left_out"] == ["output/pipe (a fifo)"]
-    with tarfile.open(job_dir / "results.tar.gz") as tar:
+    with tarfile.open(packed["archive"]) as tar:
         kinds = {member.name: (member.type, member.linkname) for member in tar.getmembers()}
     assert kinds["output/config.json"] == (tarfile.SYMTYPE, str(host))
     assert kinds["output/etc"] == (tarfile.SYMTYPE, str(tmp_path))
     assert kinds["output/dangling"] == (tarfile.SYMTYPE, "/nowhere/at/all")
-    assert b"HOST SECRET" not in gzip.decompress((job_dir / "results.tar.gz").read_bytes())
+    assert b"HOST SECRET" not in gzip.decompress(Path(packed["archive"]).read_bytes())
 
 
-def test_an_archive_name_planted_as_a_link_is_replaced_not_followed(tmp_path: Path) -> None:
+def test_a_results_archive_planted_in_the_job_directory_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    """The archive the controller fetches (as root) is never a path of the workspace: a results.tar.gz there
+    planted as a link (to a host file, /dev/zero) is packed as the link and never written through."""
     target = tmp_path / "host-file"
     target.write_text("keep me")
     job_dir = job(tmp_path)
     (job_dir / "results.tar.gz").unlink()
     (job_dir / "results.tar.gz").symlink_to(target)
-    pack_it(job_dir)
-    assert target.read_text() == "keep me"
-    assert not (job_dir / "results.tar.gz").is_symlink()
-    assert remove_archive(str(job_dir), str(job_dir / "results.tar.gz"), str(tmp_path))
-    assert not (job_dir / "results.tar.gz").exists()
-    assert not remove_archive(str(job_dir), str(job_dir / "results.tar.gz"), str(tmp_path))
+    packed = pack_it(job_dir)
+    assert target.read_text() == "keep me" and (job_dir / "results.tar.gz").is_symlink()
+    assert not Path(packed["archive"]).is_relative_to(tmp_path)
+    with tarfile.open(packed["archive"]) as tar:
+        assert tar.getmember("results.tar.gz").linkname == str(target)
 
 
 # --- secrets ---
@@ -203,8 +231,8 @@ def test_secrets_json_is_never_packed_and_the_values_are_masked_in_text_files(tm
     (job_dir / "status.json").write_text(json.dumps({"log_tail": [f"password {quoted}"]}))
     (job_dir / "output" / "checkpoints" / "epoch-00001.ckpt").write_bytes(b"\0" + token.encode())
     (job_dir / "output" / "weights.bin").write_bytes(b"\0" + token.encode())
-    pack_it(job_dir)
-    with tarfile.open(job_dir / "results.tar.gz") as tar:
+    packed = pack_it(job_dir)
+    with tarfile.open(packed["archive"]) as tar:
         assert "secrets.json" not in tar.getnames()
 
         def read(name: str) -> bytes:
@@ -226,10 +254,53 @@ def test_a_value_split_across_two_reads_is_masked(monkeypatch: pytest.MonkeyPatc
     job_dir.mkdir(parents=True)
     (job_dir / "secrets.json").write_text(json.dumps({"T": "abcdefgh", "U": "xyzw"}))
     (job_dir / "log").write_text("0123abcdefgh45xyzw6789abcdefgh" * 5)
-    pack_it(job_dir)
-    with tarfile.open(job_dir / "results.tar.gz") as tar:
+    packed = pack_it(job_dir)
+    with tarfile.open(packed["archive"]) as tar:
         found = tar.extractfile("log")
         assert found is not None and found.read() == b"0123***45***6789***" * 5
+
+
+def test_secrets_json_is_removed_from_the_node_once_packed(tmp_path: Path) -> None:
+    """The job is over when it is packed: its secrets are not left on the server (check mode keeps them); a
+    second pack of the same job has no values left to mask."""
+    job_dir = tmp_path / "jobs" / "job-1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "secrets.json").write_text(json.dumps({"T": "abcdefgh"}))
+    (job_dir / "log").write_text("token abcdefgh\n")
+    pack_it(job_dir, check=True)
+    assert (job_dir / "secrets.json").exists()
+    first = pack_it(job_dir)
+    assert not (job_dir / "secrets.json").exists() and (job_dir / "log").exists()
+    second = pack_it(job_dir)
+    for packed, expected in [(first, b"token ***\n"), (second, b"token abcdefgh\n")]:
+        with tarfile.open(packed["archive"]) as tar:
+            found = tar.extractfile("log")
+            assert found is not None and found.read() == expected
+
+
+def test_directories_nested_too_deep_are_left_out_named(tmp_path: Path) -> None:
+    """A job's code can nest directories 1,500 deep: the walk stops at MAX_DEPTH (no RecursionError, no
+    descriptor per level beyond it) and names what it left out."""
+    job_dir = tmp_path / "jobs" / "job-1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "log").write_text("kept\n")
+    chain = [os.open(job_dir, os.O_RDONLY)]
+    try:
+        for _ in range(1500):  # by descriptor: the path grows past PATH_MAX
+            os.mkdir("d", dir_fd=chain[-1])
+            chain.append(os.open("d", os.O_RDONLY, dir_fd=chain[-1]))
+        packed = pack_it(job_dir)
+        assert pack_it(job_dir, check=True)["left_out"] == packed["left_out"]
+    finally:  # removed here, bottom up: pytest's own removal of tmp_path would overflow its stack
+        for descriptor in reversed(chain[:-1]):
+            os.rmdir("d", dir_fd=descriptor)
+        for descriptor in chain:
+            os.close(descriptor)
+    deepest = "/".join(["d"] * (pack.MAX_DEPTH + 1))
+    assert packed["left_out"] == [f"{deepest} (nested deeper than {pack.MAX_DEPTH} directories)"]
+    with tarfile.open(packed["archive"]) as tar:
+        names = tar.getnames()
+    assert "log" in names and "/".join(["d"] * pack.MAX_DEPTH) in names and deepest not in names
 
 
 def test_the_bundle_left_out_is_the_one_the_plan_ships() -> None:
@@ -278,9 +349,8 @@ def test_the_newest_checkpoint_of_either_kind_is_the_one_packed(
         (checkpoints / name).write_text(name)
     (checkpoints / f".{newest}.tmp-7").write_text("half")  # a checkpoint being written is not newest
     (checkpoints / "epoch-00009.step-000000999.ckpt.tmp").write_text("half")
-    archive = job_dir / "results.tar.gz"
     packed = pack_it(job_dir)
     assert packed["checkpoint"] == f"output/checkpoints/{newest}"
-    with tarfile.open(archive) as tar:
+    with tarfile.open(packed["archive"]) as tar:
         assert [name for name in tar.getnames() if name.endswith(".ckpt")] == [f"output/checkpoints/{newest}"]
         assert tar.extractfile(f"output/checkpoints/{newest}").read() == newest.encode()  # type: ignore[union-attr]

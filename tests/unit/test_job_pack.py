@@ -5,6 +5,7 @@ collect step runs in every train.yml e2e test."""
 
 from __future__ import annotations
 
+import stat
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,13 @@ from typing import Any
 from rolemodule import run_role_module
 
 
-def run(job_dir: Path, check: bool = False, remove: bool = False) -> dict[str, Any]:
-    arguments = {
-        "job_dir": str(job_dir),
-        "archive": str(job_dir / "results.tar.gz"),
-        "workspace": str(job_dir.parent.parent),
-        "remove": remove,
-    }
+def run(job_dir: Path, check: bool = False) -> dict[str, Any]:
+    arguments = {"job_dir": str(job_dir), "workspace": str(job_dir.parent.parent)}
     return run_role_module("ddp_job", "ddp_job_pack", arguments, check=check)
+
+
+def remove(archive: str) -> dict[str, Any]:
+    return run_role_module("ddp_job", "ddp_job_pack", {"archive": archive, "remove": True})
 
 
 def job(tmp_path: Path) -> Path:
@@ -34,24 +34,34 @@ def job(tmp_path: Path) -> Path:
 
 def test_the_module_packs_the_job_through_ansible(tmp_path: Path) -> None:
     job_dir = job(tmp_path)
+    (job_dir / "secrets.json").write_text('{"T": "abcdefgh"}')
     result = run(job_dir)
     assert result["changed"] and result["checkpoint"] == "output/checkpoints/epoch-00002.ckpt", result
-    with tarfile.open(job_dir / "results.tar.gz") as tar:
+    archive = Path(result["archive"])
+    # outside the workspace, in a directory of the server's root: nothing of the node container reaches it
+    assert not archive.is_relative_to(tmp_path) and archive.parent.name.startswith("ddp-pack-"), archive
+    assert stat.S_IMODE(archive.parent.stat().st_mode) == 0o700
+    assert not (job_dir / "results.tar.gz").exists() and not (job_dir / "secrets.json").exists()
+    with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert sorted(names) == sorted([
         "status.json", "logs", "logs/1", "logs/1/rank.0", "logs/1/rank.0/stdout", "output",
         "output/checkpoints", "output/checkpoints/epoch-00002.ckpt",
     ])  # fmt: skip
-    assert result["members"] == len(names) and result["bytes"] == (job_dir / "results.tar.gz").stat().st_size
+    assert result["members"] == len(names) and result["bytes"] == archive.stat().st_size
     assert len(result["sha256"]) == 64 and result["left_out"] == []
-    removed = run(job_dir, remove=True)
-    assert removed["changed"] and removed["removed"] and not (job_dir / "results.tar.gz").exists(), removed
+    removed = remove(str(archive))
+    assert removed["changed"] and removed["removed"] and not archive.parent.exists(), removed
+    refused = remove(str(job_dir / "status.json"))
+    assert refused["failed"] and "is not an archive of ddp_job_pack" in refused["msg"], refused
+    assert (job_dir / "status.json").exists()
 
 
 def test_check_mode_writes_nothing(tmp_path: Path) -> None:
     job_dir = job(tmp_path)
     result = run(job_dir, check=True)
     assert result["changed"] and result["members"] == 8 and result["bytes"] == 0, result
+    assert result["archive"] == "", result
     assert not (job_dir / "results.tar.gz").exists()
 
 

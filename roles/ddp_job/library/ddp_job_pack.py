@@ -19,31 +19,36 @@ description:
     directory outside the workspace) is refused, naming it. Links inside go in as links; devices, fifos
     and sockets are left out and named (C(left_out)).
   - C(secrets.json) (the job's secrets) is never packed, and the secrets' values (4 characters or more) are
-    masked as C(***) in every text file packed (not in checkpoints).
-  - The archive is written inside the job directory under a temporary name and renamed over I(archive), so a
-    reader never sees half an archive; C(sha256) lets the controller check what it fetched.
-  - With I(remove), only the archive is removed (once the controller has it).
+    masked as C(***) in every text file packed (not in checkpoints); once packed, C(secrets.json) is removed
+    from the job directory (a second pack of the job has no values left to mask).
+  - Directories nested deeper than 256 levels are left out, named in C(left_out).
+  - The archive (C(archive) in the result) is written to a new directory of the server's root, mode 0700
+    (C(ddp-pack-*) in its temporary directory), never in the workspace, where the node container could swap
+    it for a link before the fetch; C(sha256) lets the controller check what it fetched.
+  - With I(remove), only I(archive) and its directory are removed (once the controller has it).
   - Check mode lists what would be packed and writes nothing.
 options:
   job_dir:
-    description: The job's directory on the server (the node's workspace, jobs/<job-id>).
+    description: The job's directory on the server (the node's workspace, jobs/<job-id>); not with I(remove).
     type: path
-    required: true
-  archive:
-    description: Where the archive goes, a file of I(job_dir) (normally I(job_dir)/results.tar.gz).
-    type: path
-    required: true
   workspace:
     description: The node's workspace on the server; I(job_dir) must lie inside it.
     type: path
     required: true
+  archive:
+    description: With I(remove), the archive to remove (the C(archive) a pack returned).
+    type: path
   remove:
-    description: Remove the archive instead of packing (the controller fetched it).
+    description: Remove I(archive) and its directory instead of packing (the controller fetched it).
     type: bool
     default: false
 """
 
 RETURN = r"""
+archive:
+  description: The archive's path on the server, in a directory of its own (empty in check mode).
+  type: str
+  returned: unless remove
 members:
   description: How many entries (files, directories, links) the archive holds.
   type: int
@@ -80,19 +85,20 @@ else:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "job_dir": {"type": "path", "required": True},
-            "archive": {"type": "path", "required": True},
-            "workspace": {"type": "path", "required": True},
+            "job_dir": {"type": "path"},
+            "workspace": {"type": "path"},
+            "archive": {"type": "path"},
             "remove": {"type": "bool", "default": False},
         },
+        required_if=[("remove", True, ["archive"]), ("remove", False, ["job_dir", "workspace"])],
         supports_check_mode=True,
     )
-    where = (module.params["job_dir"], module.params["archive"], module.params["workspace"])
+    params = module.params
     try:
-        if module.params["remove"]:
-            removed = module.check_mode or remove_archive(*where)
+        if params["remove"]:
+            removed = module.check_mode or remove_archive(params["archive"])
             module.exit_json(changed=removed, removed=removed)
-        packed = pack_job(*where, check=module.check_mode)
+        packed = pack_job(params["job_dir"], params["workspace"], check=module.check_mode)
     except PackError as error:
         module.fail_json(msg=str(error))
     module.exit_json(changed=True, **packed)

@@ -16,13 +16,16 @@ a path that a link could redirect.
   ``output/checkpoints/`` other than the newest ``epoch-*.ckpt`` (an epoch's ``epoch-NNNNN.ckpt`` or a
   mid-epoch ``epoch-NNNNN.step-SSSSSSSSS.ckpt``: the newest by name is the newest in training order), files
   ending in ``.tmp``, ``__pycache__`` directories, the job's files as sent (``job.tar.gz``), its secrets
-  (``secrets.json``, never packed) and the archive itself; a link (to a dataset's directory, say) goes in as
-  the link; what is neither a file, a directory nor a link (a device, a fifo, a socket) is left out and named;
-- :func:`pack`: those into a gzipped tar, written under a temporary name inside the job directory and renamed
-  over the archive there, so a reader never sees half an archive. The values of the job's secrets (4
-  characters or more) are masked as ``***`` in every text file packed (not in checkpoints);
-- :func:`pack_job`: both, or in check mode only the count; :func:`remove_archive`: the archive removed once
-  the controller has it.
+  (``secrets.json``, never packed); a link (to a dataset's directory, say) goes in as the link; what is
+  neither a file, a directory nor a link (a device, a fifo, a socket) is left out and named, and so is a
+  directory nested deeper than :data:`MAX_DEPTH` (with all under it);
+- :func:`pack`: those into a gzipped tar ``results.tar.gz`` in a new directory of the server's own (mode
+  0700, ``ddp-pack-*`` in its temporary directory), never in the workspace: the controller fetches it from
+  there as root, where nothing of the node container can swap it for a link. The values of the job's
+  secrets (4 characters or more) are masked as ``***`` in every text file packed (not in checkpoints);
+- :func:`pack_job`: both, then ``secrets.json`` removed from the node (the job is over: its values are not
+  left on the server), or in check mode only the count; :func:`remove_archive`: the archive and its
+  directory removed once the controller has it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tarfile
 import tempfile
@@ -49,6 +53,10 @@ BUNDLE = "job.tar.gz"
 # The job's secrets on the node (NAME -> value, mode 0600): read to mask the values, never packed.
 SECRETS = "secrets.json"
 ARCHIVE = "results.tar.gz"
+# The archive's own directory (tempfile.mkdtemp: the server's root's, mode 0700) is named ddp-pack-*.
+SCRATCH = "ddp-pack-"
+# Deeper directories are left out (named): the walk keeps one descriptor per level open.
+MAX_DEPTH = 256
 # Values shorter than this are not masked: they would blank ordinary words and figures of every log.
 MASK_MIN = 4
 MASK = b"***"
@@ -130,14 +138,14 @@ def open_job_dir(workspace: str, job_dir: str) -> int:
     return descriptor
 
 
-def walk(job: int, archive: str = ARCHIVE) -> Iterator[Member]:
+def walk(job: int) -> Iterator[Member]:
     """The members of the job directory opened as ``job`` (see the module's text), parents before children.
     A directory's descriptor is valid until the walk leaves it. What cannot go in is yielded with the kind
     ``skipped: <why>``."""
-    yield from _walk(job, "", archive)
+    yield from _walk(job, "", 1)
 
 
-def _walk(directory: int, relative: str, archive: str) -> Iterator[Member]:
+def _walk(directory: int, relative: str, depth: int) -> Iterator[Member]:
     with os.scandir(directory) as listing:
         entries = sorted(listing, key=lambda entry: entry.name)
     if relative == CHECKPOINTS:
@@ -149,11 +157,14 @@ def _walk(directory: int, relative: str, archive: str) -> Iterator[Member]:
         entries = [entry for entry in entries if names and entry.name == names[-1]]
     for entry in entries:
         name, path = entry.name, os.path.join(relative, entry.name)
-        if skipped(name) or (not relative and name in (archive, BUNDLE, SECRETS)):
+        if skipped(name) or (not relative and name in (BUNDLE, SECRETS)):
             continue
         if entry.is_symlink():
             yield Member(path, "link", directory, name)
         elif entry.is_dir(follow_symlinks=False):
+            if depth > MAX_DEPTH:  # a recursion this deep would overflow Python's stack
+                yield Member(path, f"skipped: nested deeper than {MAX_DEPTH} directories", directory, name)
+                continue
             try:
                 inner = os.open(name, DIRECTORY, dir_fd=directory)
             except OSError as error:  # swapped for a link since the listing, or removed
@@ -161,7 +172,7 @@ def _walk(directory: int, relative: str, archive: str) -> Iterator[Member]:
                 continue
             try:
                 yield Member(path, "dir", directory, name)
-                yield from _walk(inner, path, archive)
+                yield from _walk(inner, path, depth + 1)
             finally:
                 os.close(inner)
         elif entry.is_file(follow_symlinks=False):
@@ -279,35 +290,28 @@ def _add(tar: tarfile.TarFile, member: Member, secrets: list[bytes]) -> str:
     return ""
 
 
-def pack(job: int, archive: str, members: Iterable[Member], secrets: list[bytes]) -> dict[str, Any]:
+def pack(folder: int, members: Iterable[Member], secrets: list[bytes]) -> dict[str, Any]:
     """Write ``members`` (taken as they come: their directories' descriptors live while the walk runs) into
-    the gzipped tar ``archive``, a name in the job directory opened as ``job``, under a temporary name
-    renamed over it there; members, bytes, sha256, checkpoint (the one packed) and left_out (what was left
-    out, and why)."""
-    temporary = f".{archive}.{os.getpid()}.tmp"
+    the gzipped tar :data:`ARCHIVE` of the directory opened as ``folder`` (the server's own: see
+    :func:`pack_job`); members, bytes, sha256, checkpoint (the one packed) and left_out (what was left out,
+    and why)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    descriptor = os.open(temporary, flags, 0o600, dir_fd=job)
+    descriptor = os.open(ARCHIVE, flags, 0o600, dir_fd=folder)
     left_out: list[str] = []
     count, newest = 0, ""
-    try:
-        with os.fdopen(descriptor, "wb") as raw:
-            hashing = _Hashing(raw)
-            with tarfile.open(fileobj=hashing, mode="w:gz") as tar:  # type: ignore[call-overload]
-                for member in members:
-                    why = _add(tar, member, secrets)
-                    if why == "gone":
-                        continue
-                    if why:
-                        left_out.append(f"{member.path} ({why})")
-                        continue
-                    count += 1
-                    if member.path.startswith(CHECKPOINTS + os.sep):
-                        newest = member.path
-        os.replace(temporary, archive, src_dir_fd=job, dst_dir_fd=job)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary, dir_fd=job)
-        raise
+    with os.fdopen(descriptor, "wb") as raw:
+        hashing = _Hashing(raw)
+        with tarfile.open(fileobj=hashing, mode="w:gz") as tar:  # type: ignore[call-overload]
+            for member in members:
+                why = _add(tar, member, secrets)
+                if why == "gone":
+                    continue
+                if why:
+                    left_out.append(f"{member.path} ({why})")
+                    continue
+                count += 1
+                if member.path.startswith(CHECKPOINTS + os.sep):
+                    newest = member.path
     return {
         "members": count,
         "bytes": hashing.size,
@@ -317,19 +321,11 @@ def pack(job: int, archive: str, members: Iterable[Member], secrets: list[bytes]
     }
 
 
-def _archive_name(job_dir: str, archive: str) -> str:
-    if os.path.dirname(os.path.abspath(archive)) != os.path.abspath(job_dir):
-        raise PackError(
-            f"the archive {archive} must be a file of the job directory {job_dir} ({job_dir}/{ARCHIVE})"
-        )
-    return os.path.basename(archive)
-
-
-def members(job_dir: str, workspace: str, archive: str = ARCHIVE) -> tuple[list[str], str, list[str]]:
+def members(job_dir: str, workspace: str) -> tuple[list[str], str, list[str]]:
     """What :func:`pack_job` would pack: the paths, the checkpoint, and what it would leave out."""
     job = open_job_dir(workspace, job_dir)
     try:
-        found = list(walk(job, os.path.basename(archive)))
+        found = list(walk(job))
     finally:
         os.close(job)
     paths = [member.path for member in found if not member.kind.startswith("skipped: ")]
@@ -338,33 +334,68 @@ def members(job_dir: str, workspace: str, archive: str = ARCHIVE) -> tuple[list[
     return paths, newest[0] if newest else "", left_out
 
 
-def pack_job(job_dir: str, archive: str, workspace: str, check: bool = False) -> dict[str, Any]:
-    """Pack job_dir, found from the node's ``workspace`` down without following a link, into ``archive``, a
-    file inside it (in check mode, only count what would go in): see :func:`pack`."""
-    name = _archive_name(job_dir, archive)
+def pack_job(job_dir: str, workspace: str, check: bool = False, into: str | None = None) -> dict[str, Any]:
+    """Pack job_dir, found from the node's ``workspace`` down without following a link, into ``archive`` (in
+    the result): :data:`ARCHIVE` in a new directory of mode 0700 under ``into`` (the server's temporary
+    directory), never in the workspace, whose files a node container can swap before the fetch. Then
+    ``secrets.json`` is removed from the job directory (a second pack has no values left to mask). In check
+    mode, only count what would go in (``archive`` is empty). See :func:`pack`."""
     if check:
-        paths, newest, left_out = members(job_dir, workspace, name)
-        return {"members": len(paths), "bytes": 0, "sha256": "", "checkpoint": newest, "left_out": left_out}
+        paths, newest, left_out = members(job_dir, workspace)
+        return {
+            "archive": "",
+            "members": len(paths),
+            "bytes": 0,
+            "sha256": "",
+            "checkpoint": newest,
+            "left_out": left_out,
+        }
     job = open_job_dir(workspace, job_dir)
+    scratch = ""
     try:
-        return pack(job, name, walk(job, name), read_secrets(job))
+        scratch = tempfile.mkdtemp(prefix=SCRATCH, dir=into)  # mode 0700, this process's (root's)
+        folder = os.open(scratch, DIRECTORY)
+        try:
+            packed = pack(folder, walk(job), read_secrets(job))
+        finally:
+            os.close(folder)
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            os.unlink(SECRETS, dir_fd=job)  # the job is over: its secrets are not left on the server
     except OSError as error:
-        raise PackError(f"could not pack {job_dir} into {archive}: {error}") from error
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise PackError(f"could not pack {job_dir}: {error}") from error
+    except BaseException:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
     finally:
         os.close(job)
+    return {"archive": os.path.join(scratch, ARCHIVE), **packed}
 
 
-def remove_archive(job_dir: str, archive: str, workspace: str) -> bool:
-    """Remove the archive (once the controller fetched it) from the job directory, found as for the pack;
-    whether there was one."""
-    name = _archive_name(job_dir, archive)
-    job = open_job_dir(workspace, job_dir)
+def remove_archive(archive: str) -> bool:
+    """Remove ``archive`` (once the controller fetched it) and its directory, both :func:`pack_job`'s;
+    whether there was one. Anything else is refused: the path comes from the controller, but this runs as
+    root."""
+    folder = os.path.dirname(archive)
+    if os.path.basename(archive) != ARCHIVE or not os.path.basename(folder).startswith(SCRATCH):
+        raise PackError(
+            f"{archive} is not an archive of ddp_job_pack (<temporary directory>/{SCRATCH}*/{ARCHIVE}):"
+            " nothing was removed"
+        )
     try:
-        os.unlink(name, dir_fd=job)  # unlinks a link itself, never its target
+        os.unlink(archive)
     except FileNotFoundError:
-        return False
+        removed = False
     except OSError as error:
         raise PackError(f"could not remove {archive}: {error}") from error
-    finally:
-        os.close(job)
-    return True
+    else:
+        removed = True
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        raise PackError(f"could not remove {folder}: {error}") from error
+    return removed
