@@ -4,6 +4,7 @@ runs/<job-id>/ from the nodes' archives, for mpirun and torchrun."""
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -213,13 +214,19 @@ def test_a_truncated_archive_is_said_and_what_could_be_read_is_laid_out(tmp_path
     node_archive(run, "node0", files)
     archive = run / ".incoming" / "node0.tar.gz"
     archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
-    node_archive(run, "node1", {"logs/1/rank.1/stdout": "rank 1\n"})
-    done = results.lay_out(run, "node0", ["node0", "node1"])
-    [warning] = done.warnings
-    assert (
-        warning.startswith("results: node0's archive is truncated or corrupt (")
-        and "laid out under" in warning
+    node_archive(
+        run, "node1", {"logs/1/rank.1/stdout": "rank 1\n", "output/big.bin": os.urandom(99_999).hex()}
     )
+    archive = run / ".incoming" / "node1.tar.gz"
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    done = results.lay_out(run, "node0", ["node0", "node1"])
+    [first, other] = done.warnings
+    # The first node's output went to runs/<id>/output/: the warning says where it is.
+    assert first.startswith("results: node0's archive is truncated or corrupt (") and first.endswith(
+        f"what could be read is laid out under {run / 'output'} (its output) and {run / 'nodes' / 'node0'}"
+    )
+    assert other.endswith(f"laid out under {run / 'nodes' / 'node1'}")
+    assert (run / "output" / "big-0.bin").is_file()
     assert (run / "logs" / "rank.1.log").read_text() == "rank 1\n"  # the other nodes' are whole
     assert (run / "nodes" / "node0").is_dir()
 
@@ -240,3 +247,188 @@ def test_a_directory_without_write_permission_still_gets_its_members(tmp_path: P
     assert results.lay_out(run, "node0", ["node0"]).warnings == []
     assert (run / "output" / "ro" / "x").read_bytes() == b"x"
     assert (run / "output" / "ro").stat().st_mode & 0o700 == 0o700  # a user who is not root may write it
+
+
+# --- links that lead out only through other links ---
+
+
+def escape(order: str, base: str = "output") -> list[tarfile.TarInfo]:
+    """A link, lexically inside, that leads to the controller's runs/<id>/plan.json (or, from the node's
+    directory, a file of the controller's) through another link, laid out before or after it."""
+    if base == OUTPUT:
+        # x/up -> .. is the output itself: loss.png -> x/up/../plan.json is runs/<id>/plan.json, once moved.
+        link = entry("output/loss.png", tarfile.SYMTYPE, "x/up/../plan.json")
+        chain = [entry("output/x", tarfile.DIRTYPE), entry("output/x/up", tarfile.SYMTYPE, "..")]
+        tree = [entry("output", tarfile.DIRTYPE)]
+    else:
+        # a/b/up -> ../.. is the node's directory: logs -> a/b/up/../../../secret is runs/secret.
+        link = entry("logs", tarfile.SYMTYPE, "a/b/up/../../../secret")
+        chain = [entry("a", tarfile.DIRTYPE), entry("a/b", tarfile.DIRTYPE)]
+        chain.append(entry("a/b/up", tarfile.SYMTYPE, "../.."))
+        tree = []
+    tree += [link, *chain] if order == "link first" else [*chain, link]
+    return [*tree, entry("output/summary.json")] if base == OUTPUT else tree
+
+
+OUTPUT = results.OUTPUT
+
+
+def controllers_secret(run: Path) -> None:
+    (run / "plan.json").write_text("controller's")
+    (run.parent / "secret" / "1" / "rank.0").mkdir(parents=True)
+    (run.parent / "secret" / "1" / "rank.0" / "stdout").write_text("controller's")
+
+
+@pytest.mark.parametrize("order", ["link first", "chain first"])
+def test_a_link_with_dotdot_after_a_name_is_left_out_in_either_order(tmp_path: Path, order: str) -> None:
+    run = tmp_path / "runs" / "j11"
+    run.mkdir(parents=True)
+    controllers_secret(run)
+    raw_archive(run, "node0", escape(order))
+    raw_archive(run, "node1", escape(order, base="node"))
+    done = results.lay_out(run, "node0", ["node0", "node1"])
+    why = "with '..' after a name: a link may only climb first"
+    assert done.warnings == [
+        f"results: skipped 1 unsafe member(s) from node0: output/loss.png (link to x/up/../plan.json, {why})",
+        f"results: skipped 1 unsafe member(s) from node1: logs (link to a/b/up/../../../secret, {why})",
+    ]
+    assert not (run / "output" / "loss.png").is_symlink() and (run / "output" / "summary.json").is_file()
+    assert (run / "output" / "x" / "up").is_symlink()  # a link that only climbs, as far as it may, is kept
+    assert not (run / "nodes" / "node1" / "logs").is_symlink() and not (run / "logs" / "rank.0.log").exists()
+
+
+@pytest.mark.parametrize(
+    ("link", "kept"),
+    [
+        ("..", True),
+        ("../..", False),
+        ("./../x", True),
+        ("a/./b", True),
+        ("a/..", False),
+        ("../a/../b", False),
+    ],
+)
+def test_a_link_may_climb_only_before_its_first_name(link: str, kept: bool) -> None:
+    member = entry("output/d/l", tarfile.SYMTYPE, link)
+    assert (results.unsafe(member, member.name) == "") is kept
+
+
+def test_the_links_laid_out_are_resolved_and_those_that_lead_out_removed(tmp_path: Path) -> None:
+    node = tmp_path / "nodes" / "node0"
+    (node / "output" / "sub").mkdir(parents=True)
+    (node / "d").mkdir()
+    (tmp_path / "plan.json").write_text("controller's")
+    plant = {
+        "output/in": "sub",  # kept: inside the output
+        "output/sub/up": "..",  # kept: the output itself
+        "output/status": "../status.json",  # inside the node's directory, not the output
+        "output/sub/via": "up/../../plan.json",  # through up: outside the node's directory
+        "d/up": "../..",  # out of the node's directory: nodes/
+        "d/abs": "/etc",
+        "d/plan": "../output/sub/up/../../../../plan.json",
+        "logs": "d",  # kept: inside the node's directory
+        "loop": "loop",  # kept: unresolvable, it leads nowhere
+    }
+    for name, target in plant.items():
+        (node / name).symlink_to(target)
+    removed = results.escaping_links(node)
+    assert removed == [
+        ("d/abs", "link to /etc, resolving outside the node directory"),
+        ("d/plan", "link to ../output/sub/up/../../../../plan.json, resolving outside the node directory"),
+        ("d/up", "link to ../.., resolving outside the node directory"),
+        ("output/status", "link to ../status.json, resolving outside the output"),
+        ("output/sub/via", "link to up/../../plan.json, resolving outside the output"),
+    ]
+    left = sorted(path.relative_to(node).as_posix() for path in node.rglob("*") if path.is_symlink())
+    assert left == ["logs", "loop", "output/in", "output/sub/up"]
+
+
+def without_filters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tarfile as before Python 3.10.12 / 3.11.4: no filter= to pass, none applied."""
+    plain = tarfile.TarFile.extract
+
+    def before_filters(
+        self: tarfile.TarFile, member: tarfile.TarInfo, path: Path, set_attrs: bool = True
+    ) -> None:
+        plain(self, member, path, set_attrs, filter="fully_trusted")
+
+    monkeypatch.setattr(results, "DATA_FILTER", False)
+    monkeypatch.setattr(tarfile.TarFile, "extract", before_filters)
+
+
+@pytest.mark.parametrize("order", ["link first", "chain first"])
+def test_a_link_that_leads_out_is_removed_before_anything_is_read_through_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, order: str
+) -> None:
+    """Should the member checks and tarfile's filter miss a link, the layout still neither keeps it nor reads
+    through it."""
+    checked = results.unsafe
+    monkeypatch.setattr(
+        results, "unsafe", lambda member, name: "" if member.issym() else checked(member, name)
+    )
+    without_filters(monkeypatch)
+    run = tmp_path / "runs" / "j12"
+    run.mkdir(parents=True)
+    controllers_secret(run)
+    raw_archive(run, "node0", escape(order))
+    raw_archive(run, "node1", escape(order, base="node"))
+    done = results.lay_out(run, "node0", ["node0", "node1"])
+    skipped = "results: skipped 1 unsafe member(s) from"
+    assert done.warnings == [
+        f"{skipped} node0: output/loss.png (link to x/up/../plan.json, resolving outside the output)",
+        f"{skipped} node1: logs (link to a/b/up/../../../secret, resolving outside the node directory)",
+    ]
+    assert not (run / "output" / "loss.png").is_symlink()
+    assert not (run / "logs" / "rank.0.log").exists()  # not the controller's file, read through the link
+
+
+def test_without_tarfiles_filters_members_are_laid_out_with_their_bits_stripped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node image's Python before 3.10.12 / 3.11.4: no filter= to pass, and nothing unsafe laid out."""
+    without_filters(monkeypatch)
+    run = tmp_path / "runs" / "j13"
+    setuid, shared, private = entry("output/setuid"), entry("output/shared"), entry("output/private")
+    setuid.mode, shared.mode, private.mode = 0o4777, 0o666, 0o400
+    raw_archive(run, "node0", [*escape("link first"), setuid, shared, private])
+    done = results.lay_out(run, "node0", ["node0"])
+    assert len(done.warnings) == 1 and "output/loss.png (link to x/up/../plan.json" in done.warnings[0]
+    modes = {path.name: path.stat().st_mode & 0o7777 for path in (run / "output").iterdir() if path.is_file()}
+    assert modes == {"setuid": 0o755, "shared": 0o644, "private": 0o600, "summary.json": 0o644}
+
+
+def test_an_archive_of_too_many_members_is_laid_out_up_to_the_limit_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(results, "MAX_MEMBERS", 6)
+    opened: list[tarfile.TarFile] = []
+    plain_open = tarfile.open
+
+    def open_archive(name: Path) -> tarfile.TarFile:
+        opened.append(plain_open(name))
+        return opened[-1]
+
+    run = tmp_path / "runs" / "j14"
+    members = [entry(f"../x{index}") for index in range(3)]
+    raw_archive(run, "node0", members + [entry(f"output/f{index}") for index in range(10)])
+    monkeypatch.setattr(tarfile, "open", open_archive)
+    done = results.lay_out(run, "node0", ["node0"])
+    assert done.warnings[1] == (
+        "results: node0's archive has more than 6 members: the first 6 are read and laid out as they may be,"
+        " the rest left out (a job that writes that many files should pack them itself)"
+    )
+    assert done.warnings[0].startswith("results: skipped 3 unsafe member(s) from node0: ../x0 ")
+    assert sorted(path.name for path in (run / "output").iterdir()) == ["f0", "f1", "f2"]
+    assert len(opened[0].members) <= 1  # tarfile's list of the members read is not kept
+
+
+def test_of_many_members_left_out_the_first_few_are_named_and_the_rest_counted(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "j15"
+    archive = raw_archive(run, "node0", [entry(f"../x{index}") for index in range(40)])
+    got = results.extract(archive, run / "nodes" / "node0")
+    assert got.left_out == 40 and not got.broken and not got.cut
+    assert got.shown == [
+        f"../x{index} (a path outside the node's directory)" for index in range(results.SHOWN)
+    ]
+    [warning] = results.lay_out(run, "node0", ["node0"]).warnings
+    assert warning.endswith(f"../x4 (a path outside the node's directory) and {40 - results.SHOWN} more")

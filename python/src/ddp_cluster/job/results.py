@@ -16,9 +16,11 @@ stdout.log`` (then ``stderr.log``). The supervisor reads them there (:func:`mpir
 
 An archive is what a job's code could write: each member is checked before it is unpacked (:func:`unsafe`).
 A path outside the node's directory, a link to an absolute path or out of the node's directory (out of the
-output, for a member of ``output/``), a hard link, a device or a fifo is left out and named in a warning; an
-archive cut short is laid out as far as it reads, and said. Nothing of it can replace the controller's own
-files: the output goes under ``output/``, the rest under ``nodes/<node>/``.
+output, for a member of ``output/``), a link with ``..`` after a name, a hard link, a device or a fifo is left
+out and named in a warning; then every link laid out is resolved, and one that ends outside is removed and
+named too, before anything is read through the tree (:func:`escaping_links`). An archive cut short is laid out
+as far as it reads, one of more than :data:`MAX_MEMBERS` members up to there, each said. Nothing of it can
+replace the controller's own files: the output goes under ``output/``, the rest under ``nodes/<node>/``.
 
 Standard library only: the supervisor runs it in the node image, the controller without torch.
 
@@ -27,6 +29,7 @@ Standard library only: the supervisor runs it in the node image, the controller 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -43,6 +46,16 @@ OUTPUT = "output"
 NODES = "nodes"
 # How many of the members left out a warning names.
 SHOWN = 5
+# The members read from one node's archive at most: each costs a file, and a name held while it unpacks, and
+# a job's code could write an archive of many millions of empty ones.
+MAX_MEMBERS = 1_000_000
+# tarfile's filters came with Python 3.8.17, 3.9.17, 3.10.12, 3.11.4: a node image's Python may be older. The
+# member checks here cover what the data filter refuses; without it, :func:`_plain` strips what it would.
+DATA_FILTER = hasattr(tarfile, "data_filter")
+# What one member's unpacking may raise, the archive being whole: it is left out, the rest laid out.
+MEMBER_ERRORS: tuple[type[Exception], ...] = (
+    (tarfile.FilterError, OSError) if hasattr(tarfile, "FilterError") else (OSError,)
+)
 # OpenMPI's first job of an mpirun is number 1: its per-process files are logs/1/rank.N/stdout.
 MPIRUN_LOG = re.compile(r"^logs/[^/]+/rank\.(\d+)/stdout$")
 WORKER_LOG = re.compile(r"^logs/torchrun/[^/]+/attempt_(\d+)/(\d+)/stdout\.log$")
@@ -111,8 +124,14 @@ def unsafe(member: tarfile.TarInfo, name: str) -> str:
         return f"link to {member.linkname}"
     root = 1 if parts[0] == OUTPUT else 0
     depth = len(parts) - 1 - root
+    named = False
     for part in PurePosixPath(member.linkname).parts:
-        depth += -1 if part == ".." else 0 if part == "." else 1
+        if part == ".." and named:
+            # A name before '..' may itself be a link (laid out before or after this one): counting it as a
+            # directory one level down would let x/up/../plan.json, with x/up -> .., out.
+            return f"link to {member.linkname}, with '..' after a name: a link may only climb first"
+        named = named or part != ".."
+        depth += -1 if part == ".." else 1
         if depth < 0:
             return f"link to {member.linkname}, outside {'the output' if root else 'the node directory'}"
     return ""
@@ -124,36 +143,102 @@ def _normalised(name: str) -> str:
     return str(PurePosixPath(name)) if name else "."
 
 
-def extract(archive: Path, target: Path) -> tuple[list[str], str]:
+@dataclass
+class Extracted:
+    """What :func:`extract` did with one archive: how many members it left out and the first :data:`SHOWN`
+    of them (``path (why)``), what was wrong with the archive itself ('' when it read to its end), and whether
+    it stopped at :data:`MAX_MEMBERS`."""
+
+    left_out: int = 0
+    shown: list[str] = field(default_factory=list)
+    broken: str = ""
+    cut: bool = False
+
+    def leave_out(self, name: str, why: str) -> None:
+        self.left_out += 1
+        if len(self.shown) < SHOWN:
+            self.shown.append(f"{name} ({why})")
+
+
+def _plain(member: tarfile.TarInfo) -> None:
+    """What tarfile's data filter does to a member that passed :func:`unsafe`, for a Python without it: no
+    set-id, sticky or group/other write bits, and the owner of the one who lays it out (-1 and no names:
+    tarfile's chown, as root, then changes nothing)."""
+    member.mode &= 0o755
+    if member.isreg():
+        member.mode = (member.mode if member.mode & 0o100 else member.mode & ~0o111) | 0o600
+    member.uid = member.gid = -1
+    member.uname = member.gname = ""
+
+
+def escaping_links(target: Path) -> list[tuple[str, str]]:
+    """Every link under ``target`` (not followed) that resolves outside it, or, under ``target/output``,
+    outside the output, removed: ``(path, why)`` for each. The member checks refuse such links already; this
+    holds whatever order or chain of links an archive found around them, before anything reads the tree."""
+    node_root = os.path.realpath(target)
+    output_root = os.path.join(node_root, OUTPUT)
+    removed: list[tuple[str, str]] = []
+    for directory, dirs, files in os.walk(node_root):
+        dirs.sort()
+        for entry in sorted(dirs + files):
+            path = os.path.join(directory, entry)
+            if not os.path.islink(path):
+                continue
+            name = PurePosixPath(os.path.relpath(path, node_root)).as_posix()
+            in_output = name.startswith(f"{OUTPUT}/")
+            root = output_root if in_output else node_root
+            resolved = os.path.realpath(path)
+            if os.path.commonpath([resolved, root]) != root:
+                where = "the output" if in_output else "the node directory"
+                removed.append((name, f"link to {os.readlink(path)}, resolving outside {where}"))
+                os.unlink(path)  # fails loudly (the layout reported failed) rather than leave it
+                if entry in dirs:
+                    dirs.remove(entry)
+    return removed
+
+
+def extract(archive: Path, target: Path) -> Extracted:
     """The archive's members unpacked under ``target``, each checked first (:func:`unsafe`) and unpacked
-    with tarfile's ``data`` filter; the members left out (``path (why)``), and what was wrong with the
-    archive itself ('' when it read to its end)."""
-    left_out: list[str] = []
+    with tarfile's ``data`` filter where there is one; then every link resolved (:func:`escaping_links`)."""
+    done = Extracted()
     links: set[str] = set()  # a member under a link laid out before would be written through it
+    read = 0
     try:
         with tarfile.open(archive) as tar:
-            for member in tar:
+            while (member := tar.next()) is not None:
+                # tarfile keeps every member it read (millions of them, in memory): not needed here.
+                tar.members.clear()  # type: ignore[attr-defined]
+                if read == MAX_MEMBERS:
+                    done.cut = True
+                    break
+                read += 1
                 name = _normalised(member.name)
                 if name == ".":
                     continue
                 parents = {str(parent) for parent in PurePosixPath(name).parents}
                 why = "a path through a link" if parents & links else unsafe(member, name)
                 if why:
-                    left_out.append(f"{name} ({why})")
+                    done.leave_out(name, why)
                     continue
                 member.name = name
                 if member.isdir():  # set at once (not at the end, as extractall does): its members follow
                     member.mode |= 0o700
                 try:
-                    tar.extract(member, target, filter="data")
-                except (tarfile.FilterError, OSError) as error:
-                    left_out.append(f"{name} ({error})")
+                    if DATA_FILTER:
+                        tar.extract(member, target, filter="data")
+                    else:
+                        _plain(member)
+                        tar.extract(member, target)
+                except MEMBER_ERRORS as error:
+                    done.leave_out(name, str(error))
                     continue
                 if member.issym():
                     links.add(name)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
-        return left_out, str(error) or type(error).__name__
-    return left_out, ""
+        done.broken = str(error) or type(error).__name__
+    for name, why in escaping_links(target):
+        done.leave_out(name, why)
+    return done
 
 
 def _regular(path: Path) -> bool:
@@ -192,16 +277,18 @@ def lay_out(run_dir: Path, first: str, nodes: Sequence[str], torchrun_nproc: int
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)  # a collection made again: this archive is the node's whole directory
         target.mkdir(parents=True, exist_ok=True)
-        left_out, broken = extract(archive, target)
-        if left_out:
-            shown = ", ".join(left_out[:SHOWN]) + (
-                f" and {len(left_out) - SHOWN} more" if len(left_out) > SHOWN else ""
+        # Nothing below reads the tree before extract() has removed the links that lead out of it.
+        got = extract(archive, target)
+        if got.left_out:
+            shown = ", ".join(got.shown) + (
+                f" and {got.left_out - len(got.shown)} more" if got.left_out > len(got.shown) else ""
             )
-            done.warnings.append(f"results: skipped {len(left_out)} unsafe member(s) from {node}: {shown}")
-        if broken:
+            done.warnings.append(f"results: skipped {got.left_out} unsafe member(s) from {node}: {shown}")
+        if got.cut:
             done.warnings.append(
-                f"results: {node}'s archive is truncated or corrupt ({broken}): what could be read is laid"
-                f" out under {target}"
+                f"results: {node}'s archive has more than {MAX_MEMBERS} members: the first {MAX_MEMBERS} are"
+                " read and laid out as they may be, the rest left out (a job that writes that many files"
+                " should pack them itself)"
             )
         for path in sorted(target.glob(f"{LOGS}/*/rank.*/stdout")):
             if (match := MPIRUN_LOG.match(path.relative_to(target).as_posix())) and _regular(path):
@@ -211,8 +298,15 @@ def lay_out(run_dir: Path, first: str, nodes: Sequence[str], torchrun_nproc: int
         if torchrun_nproc:
             worker_logs(target, index, torchrun_nproc, logs)
         output = target / OUTPUT
-        if node == first and output.is_dir() and not output.is_symlink():
+        merged = node == first and output.is_dir() and not output.is_symlink()
+        if merged:
             _merge_output(output, run_dir / OUTPUT)
+        if got.broken:
+            where = f"{run_dir / OUTPUT} (its output) and {target}" if merged else str(target)
+            done.warnings.append(
+                f"results: {node}'s archive is truncated or corrupt ({got.broken}): what could be read is"
+                f" laid out under {where}"
+            )
         status = target / "status.json"
         if node == first and _regular(status):
             shutil.copyfile(status, run_dir / "status.json")
