@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,13 +119,34 @@ def teardown_cluster(nodes: int = 16) -> None:
     shutil.rmtree(KEY_DIR, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def local_cluster() -> Iterator[PlaybookResult]:
+def make_local_cluster() -> PlaybookResult:
     """A 2-node local cluster brought up from nothing (no containers, network, node state or keys)."""
     teardown_cluster()
     result = run_playbook("site.yml")
     assert result.rc == 0, result.stdout[-6000:]
-    yield result
+    return result
+
+
+def cluster_runs() -> bool:
+    """Whether node0 and node1 both run (on the local network, as make_local_cluster left them)."""
+    shown = "{{.State.Running}} {{.HostConfig.NetworkMode}}"
+    found = docker("inspect", "-f", shown, "node0", "node1", check=False)
+    return found.returncode == 0 and found.stdout.split("\n")[:2] == ["true ddp-cluster-local"] * 2
+
+
+@pytest.fixture(scope="session")
+def local_cluster_made() -> list[PlaybookResult]:
+    """The site.yml run that made the session's cluster (the newest when it had to be made again)."""
+    return [make_local_cluster()]
+
+
+@pytest.fixture
+def local_cluster(local_cluster_made: list[PlaybookResult]) -> PlaybookResult:
+    """The session's 2-node local cluster, made again from nothing when a test before took it down (one that
+    tears the cluster down for a base image of its own, or takes a node away, leaves it so)."""
+    if not cluster_runs():
+        local_cluster_made.append(make_local_cluster())
+    return local_cluster_made[-1]
 
 
 def recap_json(result: PlaybookResult) -> str:
