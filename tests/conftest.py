@@ -140,13 +140,19 @@ def local_cluster_made() -> list[PlaybookResult]:
     return [make_local_cluster()]
 
 
+def running_cluster(made: list[PlaybookResult]) -> PlaybookResult:
+    """The session's 2-node local cluster, made again from nothing when a test before took it down (one that
+    tears the cluster down for a base image of its own, or takes a node away, leaves it so). A fixture of a
+    wider scope than a test's asks for ``local_cluster_made`` and calls this."""
+    if not cluster_runs():
+        made.append(make_local_cluster())
+    return made[-1]
+
+
 @pytest.fixture
 def local_cluster(local_cluster_made: list[PlaybookResult]) -> PlaybookResult:
-    """The session's 2-node local cluster, made again from nothing when a test before took it down (one that
-    tears the cluster down for a base image of its own, or takes a node away, leaves it so)."""
-    if not cluster_runs():
-        local_cluster_made.append(make_local_cluster())
-    return local_cluster_made[-1]
+    """The session's 2-node local cluster (:func:`running_cluster`)."""
+    return running_cluster(local_cluster_made)
 
 
 def recap_json(result: PlaybookResult) -> str:

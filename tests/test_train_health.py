@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, STATE_DIR, PlaybookResult, docker, run_playbook
+from conftest import REPO, STATE_DIR, PlaybookResult, docker, run_playbook, running_cluster
 
 RUNS = REPO / "runs"
 THREE = {"DDP_LOCAL_NODES": "3"}
@@ -106,7 +106,8 @@ def test_preflight_asked_where_the_gate_play_cannot_see_it_starts_nothing(
 
 
 @pytest.fixture(scope="module")
-def three_nodes(local_cluster: PlaybookResult) -> Iterator[None]:
+def three_nodes(local_cluster_made: list[PlaybookResult]) -> Iterator[None]:
+    running_cluster(local_cluster_made)
     result = run_playbook("site.yml", env=THREE)
     assert result.rc == 0, result.stdout[-5000:]
     yield
