@@ -49,6 +49,7 @@ USER_NAMES = {
     "liveness_timeout": "liveness_timeout",
     "stall_timeout": "stall_timeout",
     "stall_start_timeout": "stall_start_timeout",
+    "telemetry_interval": "telemetry_interval",
     "secret_env": "secret_env",
     "workdir_follow_links": "workdir_follow_links",
 }

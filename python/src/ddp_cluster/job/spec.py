@@ -101,6 +101,9 @@ class JobSpec:
     liveness_timeout: float = field(default=25.0, metadata=_bounds(6))
     stall_timeout: float = field(default=0.0, metadata=_bounds(0))
     stall_start_timeout: float = field(default=600.0, metadata=_bounds(0, exclusive=True))
+    # Watching: the supervisor samples every node (the job's processes, its devices) every
+    # ``telemetry_interval`` seconds into JOB/telemetry/NODE.jsonl (0: never).
+    telemetry_interval: float = field(default=15.0, metadata=_bounds(0))
     # This start's own mark (the plan's): the controller accepts only a status that carries it.
     start_id: str = ""
 
@@ -210,6 +213,9 @@ class JobSpec:
             "DDP_RESTART_COUNT": str(self.restart),
             "DDP_MAX_RESTARTS": str(self.max_restarts),
             "DDP_RESUME_FROM": self.resume_from,
+            # Where TensorBoard's event files go (the entrypoint writes there; a user's script is pointed
+            # there): under the job's output, so the collect and jobs.yml -e sync=ID bring them in.
+            "DDP_TENSORBOARD_DIR": f"{self.job_dir}/output/tensorboard",
         }
         if self.accelerator == "npu":
             # CANN's and HCCL's logs (plog, device logs) go into the job directory, so they come back with the
