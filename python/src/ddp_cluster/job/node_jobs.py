@@ -7,7 +7,7 @@ bound), and the supervisor looking for a free spare. So "which jobs run here" an
 one implementation, in the node. So has the claim of a job's nodes that its start takes (one job per node,
 :func:`claim_command`, read by :func:`parse_claim`). :func:`table` merges the nodes' answers into the lines
 jobs.yml prints: each job (id, state, nodes, progress, started, restarts) and each node (free, busy with a
-job, down).
+job, drained since when, by whom and why, down).
 """
 
 from __future__ import annotations
@@ -73,6 +73,23 @@ def busy_message(node: str, busy: Mapping[str, Sequence[str]]) -> str:
     )
 
 
+def describe_drained(record: Mapping[str, Any]) -> str:
+    """A node's drain record (:mod:`ddp_cluster.supervisor.drain`'s) as the list shows it: ``drained since
+    TIME by WHO: REASON``."""
+    return (
+        f"drained since {record.get('since') or '?'} by {record.get('by') or '?'}:"
+        f" {record.get('reason') or '(no reason given)'}"
+    )
+
+
+def drained_message(node: str, record: Mapping[str, Any]) -> str:
+    """``node`` is drained: what the user sees when a job would take it, with the ways on."""
+    return (
+        f"{node} is {describe_drained(record)}. A drained node takes no new job: undrain it once it is"
+        f" fixed (ansible-playbook jobs.yml -e undrain={node}), or ask for other nodes."
+    )
+
+
 def parse_claim(output: str) -> tuple[bool, str]:
     """Whether :func:`claim_command` claimed every node, and else why, as the user reads it."""
     answer = parse(output)
@@ -85,6 +102,8 @@ def parse_claim(output: str) -> tuple[bool, str]:
     if answer["claimed"]:
         return True, ""
     node, other = str(answer.get("node") or "?"), str(answer.get("job") or "")
+    if isinstance(answer.get("drained"), Mapping):
+        return False, drained_message(node, answer["drained"])
     if other:
         nodes = answer.get("nodes")
         return False, busy_message(node, {other: [str(n) for n in nodes] if isinstance(nodes, list) else []})
@@ -180,12 +199,16 @@ def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> 
         lines.append("(no job on these nodes)")
     lines.append("")
     for node in sorted(set(reports) | set(down)):
+        drained = reports.get(node, {}).get("drained")
         if node in down:
             lines.append(f"{node}: down ({down[node][:120]})")
         elif busy.get(node):
             lines.append(f"{node}: busy: {', '.join(busy[node])}")
-        else:
+        elif not isinstance(drained, Mapping):
             lines.append(f"{node}: free")
+        if isinstance(drained, Mapping) and node not in down:
+            # a drained node that runs a job: the job goes on, the drain keeps the node out of the next ones
+            lines.append(f"{node}: {describe_drained(drained)}")
     for job, entry in order:
         for record in (entry.get("status") or {}).get("restarts") or []:
             lines.append(f"{job}: {job_status.describe_restart(record)}")

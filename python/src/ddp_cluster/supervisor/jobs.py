@@ -41,13 +41,18 @@ file is older than ``CLAIM_GRACE`` (the window between the claim and the job's f
 status here says it ended. A supervisor killed with SIGKILL, or a node that rebooted, leaves such a claim.
 :func:`node_report` lists a node with a live claim as busy with its job (so the controller's check, the
 supervisor's choice of spares and jobs.yml say so).
+
+**A drained node** (:mod:`ddp_cluster.supervisor.drain`: its ``.drained`` record, changed under the same
+lock) takes no new claim: the claim answers ``{"claimed": false, "drained": {...}}``, so neither a start nor a
+restart's spare can take it, even one planned before the drain. A claim of the job that holds the node already
+is renewed (a drain keeps a node out of the next jobs, never out of its running one). :func:`node_report`
+carries the record as ``drained`` (null when the node is not drained).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -57,7 +62,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +71,7 @@ from typing import Any
 from ddp_cluster.files import write_atomic
 from ddp_cluster.job import node_jobs
 from ddp_cluster.job import status as job_status
+from ddp_cluster.supervisor import drain
 from ddp_cluster.supervisor.remote import POOL, Mesh
 from ddp_cluster.supervisor.standby import supervisor_alive
 
@@ -79,7 +85,7 @@ STOP_REASON = "stop-reason"
 # The node's claim (see the module's text), the lock its changes are made under, and the seconds a claim
 # without any process of its job stays live (from the claim to the supervisor's and the ranks' start).
 CLAIM = ".claim"
-CLAIM_LOCK = ".claim.lock"
+CLAIM_LOCK = drain.NODE_LOCK
 CLAIM_GRACE = 120.0
 
 
@@ -191,19 +197,6 @@ def node_started() -> float:
         return 0.0
 
 
-@contextlib.contextmanager
-def _claim_lock(jobs_dir: str) -> Iterator[None]:
-    """The node's claim lock, held while a claim is judged and changed (every claimant opens the file anew:
-    flock excludes open files, threads of one process too)."""
-    Path(jobs_dir).mkdir(parents=True, exist_ok=True)
-    handle = os.open(Path(jobs_dir, CLAIM_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(handle)
-
-
 def _place(jobs_dir: str, made: Claim, replace: bool) -> None:
     data = (json.dumps(made.to_dict()) + "\n").encode()
     path = Path(jobs_dir, CLAIM)
@@ -221,14 +214,19 @@ def _place(jobs_dir: str, made: Claim, replace: bool) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def claim(jobs_dir: str, job: str, nodes: Sequence[str] = (), now: float | None = None) -> Claim | None:
+def claim(
+    jobs_dir: str, job: str, nodes: Sequence[str] = (), now: float | None = None
+) -> Claim | drain.Drained | None:
     """Claim this node for ``job`` (``nodes``: the job's, for whoever the claim refuses). None when the node
     is ``job``'s now: claimed, taken over from a stale claim, or claimed again (its time renewed); else the
-    live claim of the other job that has it."""
-    with _claim_lock(jobs_dir):
+    live claim of the other job that has it, or the node's drain record when it is drained (a drained node
+    takes no new job; the job that holds it already keeps it)."""
+    with drain.node_lock(jobs_dir):
         found = read_claim(jobs_dir)
         if found is not None and found.job != job and claim_live(jobs_dir, found, running(jobs_dir)[0], now):
             return found
+        if (found is None or found.job != job) and (drained := drain.read(jobs_dir)) is not None:
+            return drained
         kept = found.nodes if found is not None and found.job == job else ()
         made = Claim(job=job, nodes=tuple(nodes) or kept, at=time.time(), host=socket.gethostname())
         try:
@@ -241,7 +239,7 @@ def claim(jobs_dir: str, job: str, nodes: Sequence[str] = (), now: float | None 
 def release(jobs_dir: str, job: str) -> bool:
     """Remove this node's claim when it is ``job``'s; whether the node holds no claim of ``job`` now (False:
     another job's claim is there, and kept)."""
-    with _claim_lock(jobs_dir):
+    with drain.node_lock(jobs_dir):
         found = read_claim(jobs_dir)
         if found is None:
             return True
@@ -273,6 +271,8 @@ def claim_one(mesh: Mesh, node: str, job: str, jobs_dir: str, nodes: Sequence[st
         return {**answer, "node": node}
     if refused is None:
         return {"claimed": True, "node": node}
+    if isinstance(refused, drain.Drained):
+        return {"claimed": False, "node": node, "job": "", "nodes": [], "drained": refused.to_dict()}
     return {"claimed": False, "node": node, "job": refused.job, "nodes": list(refused.nodes)}
 
 
@@ -364,6 +364,7 @@ def node_report(jobs_dir: str, newest: int = NEWEST) -> dict[str, Any]:
         "busy": sorted(busy),
         "supervisors": supervisors,
         "claim": claimed.to_dict() if claimed else None,
+        "drained": drained.to_dict() if (drained := drain.read(jobs_dir)) else None,
     }
 
 

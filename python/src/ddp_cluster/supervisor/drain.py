@@ -1,0 +1,358 @@
+"""Drained nodes: a node kept out of the next jobs (the plan's "first N undrained nodes", a restart's
+spares), with why, since when and by whom. The list lives with the cluster, each node holding its own state,
+so every controller sees the same.
+
+**The file**: ``<jobs_dir>/.drained`` on the node (``/workspace/jobs/.drained``), JSON ``{"node", "reason",
+"since": ISO-8601 UTC, "by"}``; absent: not drained. Written whole (temporary file and rename: a reader sees
+the old record or the new one) under the node's lock (:func:`node_lock`, the lock of the node's claim too:
+:mod:`ddp_cluster.supervisor.jobs` refuses a new job's claim of a drained node under it, so a drain and a
+start that cross each other never both win). A record that cannot be read still drains the node (someone
+wrote it): its reason says so, and an undrain removes it.
+
+Draining a node that runs a job leaves the job running: a drain keeps the node out of the NEXT jobs only
+(and out of a restart's spares); the job's own restarts keep their nodes.
+
+**The command** (in the node's container, one JSON line)::
+
+    python -m ddp_cluster.supervisor.drain --jobs-dir D --drain --reason R --by WHO  [--check] [--node N]
+    python -m ddp_cluster.supervisor.drain --jobs-dir D --undrain                    [--check] [--node N]
+    python -m ddp_cluster.supervisor.drain --jobs-dir D --show [--nodes N1,N2,...]
+    python -m ddp_cluster.supervisor.drain --jobs-dir D --gate JOB_ID --by WHO      [--check]
+
+answers ``{"node", "drained": record or null, "was": the record before or null, "changed": bool}``
+(``--show --nodes``: ``{"drained": {node: record}, "unknown": [nodes that did not answer]}``, asked over the
+mesh's ssh at once; ``--node N``: node N, over the mesh when it is another). ``--check`` changes nothing and
+says what would change. ``jobs.yml -e drain=NODE -e reason=...`` / ``-e undrain=NODE`` run it on that node;
+the plan reads every node's state with ``--show --nodes`` on one node.
+
+**Automatic drains**:
+
+* a failed health gate (check.yml, train.yml -e preflight=true): ``--gate JOB_ID`` on the gate's first node
+  (:func:`drain_gate`, the controller's ddp_job role runs it once the gate ended) reads the verdict of its
+  ``output/health.json`` (:func:`gate_drains`: the nodes whose rows of ``verdict.node_figures`` are
+  ``slow``, never ``undetermined`` ones, nor any when every row is slow: that is the whole fabric) and
+  drains each with the reason ``health gate ID: <the verdict's problem line>``;
+* a device fault: the supervisor (:mod:`ddp_cluster.supervisor.loop`) calls :func:`drain_remote` with the
+  reason ``device-fault: NODE device D: <problem> (job ID)``.
+
+Standard library only: it runs in the node image's Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.files import write_atomic
+from ddp_cluster.job import node_jobs
+from ddp_cluster.supervisor.remote import POOL, Mesh
+
+MODULE = "ddp_cluster.supervisor.drain"
+DRAINED = ".drained"
+# The node's lock: its claim's and its drain record's changes are made under it (one kernel, one file system).
+NODE_LOCK = ".claim.lock"
+# The gate's results in its job's directory (ddp_cluster.health.judge.HEALTH_FILE, under the job's output).
+HEALTH = "output/health.json"
+UNDRAIN_HINT = "ansible-playbook jobs.yml -e undrain=NODE"
+
+
+class DrainError(DdpClusterError):
+    """A drain that cannot be made as asked (no reason, a record that cannot be written); says how to fix."""
+
+
+@dataclass(frozen=True)
+class Drained:
+    """A node's drain record: why, since when (ISO-8601 UTC) and by whom."""
+
+    node: str
+    reason: str
+    since: str
+    by: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"node": self.node, "reason": self.reason, "since": self.since, "by": self.by}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], node: str = "") -> Drained:
+        return cls(
+            node=str(data.get("node") or node),
+            reason=str(data.get("reason") or "(no reason given)"),
+            since=str(data.get("since") or "?"),
+            by=str(data.get("by") or "?"),
+        )
+
+    def describe(self) -> str:
+        """As the jobs list shows it: ``drained since TIME by WHO: REASON``."""
+        return node_jobs.describe_drained(self.to_dict())
+
+
+def now_iso(now: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+
+
+@contextlib.contextmanager
+def node_lock(jobs_dir: str) -> Iterator[None]:
+    """The node's lock, held while its claim or its drain record is judged and changed (every holder opens
+    the file anew: flock excludes open files, threads of one process too)."""
+    Path(jobs_dir).mkdir(parents=True, exist_ok=True)
+    handle = os.open(Path(jobs_dir, NODE_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)
+
+
+def read(jobs_dir: str) -> Drained | None:
+    """This node's drain record; None when it is not drained (an unreadable record drains it: see above)."""
+    path = Path(jobs_dir, DRAINED)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        data = {"reason": f"its drain record {path} cannot be read ({error}); undrain it to remove it"}
+    if not isinstance(data, dict):
+        data = {"reason": f"its drain record {path} holds no record; undrain it to remove it"}
+    return Drained.from_dict(data, socket.gethostname())
+
+
+def drain(
+    jobs_dir: str, reason: str, by: str, check: bool = False, now: float | None = None
+) -> tuple[Drained, Drained | None]:
+    """Drain this node: (its record now, the record it had before or None). A node drained already gets the
+    new reason and time (the record says the latest why). ``check``: nothing written."""
+    reason = " ".join(reason.split())
+    if not reason:
+        raise DrainError(
+            "a drain needs a reason (what is wrong with the node, for whoever reads the list): give"
+            ' -e reason="..." (jobs.yml) or --reason'
+        )
+    made = Drained(node=socket.gethostname(), reason=reason, since=now_iso(now), by=by or "?")
+    with node_lock(jobs_dir):
+        before = read(jobs_dir)
+        if not check:
+            try:
+                write_atomic(Path(jobs_dir, DRAINED), (json.dumps(made.to_dict()) + "\n").encode())
+            except OSError as error:
+                raise DrainError(f"the drain record in {jobs_dir} cannot be written: {error}") from error
+    return made, before
+
+
+def undrain(jobs_dir: str, check: bool = False) -> Drained | None:
+    """Undrain this node: the record removed (None: it was not drained, nothing to do)."""
+    with node_lock(jobs_dir):
+        before = read(jobs_dir)
+        if before is not None and not check:
+            Path(jobs_dir, DRAINED).unlink(missing_ok=True)
+    return before
+
+
+def _answer(node: str, now: Drained | None, was: Drained | None, changed: bool) -> dict[str, Any]:
+    return {
+        "node": node,
+        "drained": now.to_dict() if now else None,
+        "was": was.to_dict() if was else None,
+        "changed": changed,
+    }
+
+
+def command(
+    jobs_dir: str,
+    action: str,
+    reason: str = "",
+    by: str = "",
+    check: bool = False,
+    node: str = "",
+    nodes: Sequence[str] = (),
+    gate: str = "",
+) -> str:
+    """The node's shell command (in its container) for ``action``: drain, undrain, show or gate."""
+    line = f". {node_jobs.NODE_ENV} && python -m {MODULE} --jobs-dir {shlex.quote(jobs_dir)} --{action}"
+    if action == "gate":
+        line += f" {shlex.quote(gate)}"
+    if action == "drain":
+        line += f" --reason {shlex.quote(reason)}"
+    if action in ("drain", "gate"):
+        line += f" --by {shlex.quote(by)}"
+    if node:
+        line += f" --node {shlex.quote(node)}"
+    if nodes:
+        line += f" --nodes {shlex.quote(','.join(nodes))}"
+    return line + (" --check" if check else "")
+
+
+def parse(output: str) -> dict[str, Any] | None:
+    """The command's answer (its last JSON line); None when it gave none."""
+    return node_jobs.parse(output)
+
+
+def drain_on(
+    mesh: Mesh, node: str, jobs_dir: str, reason: str, by: str, check: bool = False
+) -> dict[str, Any]:
+    """Drain ``node`` (here when it is the mesh's own node, else over ssh); the command's answer, or
+    ``{"node": N, "error": ...}`` when the node did not answer."""
+    if node == mesh.me:
+        made, before = drain(jobs_dir, reason, by, check)
+        return _answer(node, made, before, not check)
+    answer = parse(mesh.run(node, command(jobs_dir, "drain", reason, by, check)))
+    if answer is None or not ("drained" in answer or "error" in answer):
+        return {"node": node, "error": "it did not answer over the cluster's ssh"}
+    return {**answer, "node": node}
+
+
+def undrain_on(mesh: Mesh, node: str, jobs_dir: str, check: bool = False) -> dict[str, Any]:
+    """Undrain ``node`` (as :func:`drain_on`)."""
+    if node == mesh.me:
+        before = undrain(jobs_dir, check)
+        return _answer(node, None, before, before is not None and not check)
+    answer = parse(mesh.run(node, command(jobs_dir, "undrain", check=check)))
+    if answer is None or not ("drained" in answer or "error" in answer):
+        return {"node": node, "error": "it did not answer over the cluster's ssh"}
+    return {**answer, "node": node}
+
+
+def drain_remote(mesh: Mesh, node: str, jobs_dir: str, reason: str, by: str) -> bool:
+    """Drain ``node`` with ``reason`` (the supervisor's call: a device fault); whether it is drained now
+    (False: it did not answer, or the record could not be written)."""
+    try:
+        answer = drain_on(mesh, node, jobs_dir, reason, by)
+    except DrainError:
+        return False
+    return not answer.get("error") and answer.get("drained") is not None
+
+
+def show_on(
+    mesh: Mesh, nodes: Sequence[str], jobs_dir: str, pool: ThreadPoolExecutor
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Every node's drain record, asked at once: (node -> record, for the drained ones; the nodes that did
+    not answer)."""
+
+    def ask(node: str) -> dict[str, Any] | None:
+        if node == mesh.me:
+            found = read(jobs_dir)
+            return {"node": node, "drained": found.to_dict() if found else None}
+        return parse(mesh.run(node, command(jobs_dir, "show")))
+
+    drained: dict[str, dict[str, Any]] = {}
+    unknown: list[str] = []
+    for node, answer in zip(nodes, pool.map(ask, nodes), strict=True):
+        if answer is None or "drained" not in answer:
+            unknown.append(node)
+        elif isinstance(answer["drained"], Mapping):
+            drained[node] = Drained.from_dict(answer["drained"], node).to_dict()
+    return drained, unknown
+
+
+def gate_drains(health: Mapping[str, Any]) -> dict[str, str]:
+    """The nodes a health gate's verdict names slow, each with the verdict's problem line that names it:
+    node -> that line. Nothing when the gate passed, when every row is slow (the whole fabric, or every
+    node: no node to single out), for an ``undetermined`` row (a healthy unit between slow ones, or either
+    end of a slow link), nor for a slow link between nodes."""
+    verdict = health.get("verdict")
+    if not isinstance(verdict, Mapping) or verdict.get("passed", True):
+        return {}
+    rows = [row for row in verdict.get("node_figures") or [] if isinstance(row, Mapping)]
+    if not rows or all(row.get("verdict") == "slow" for row in rows):
+        return {}
+    problems = [str(problem) for problem in verdict.get("problems") or []]
+    found: dict[str, str] = {}
+    for row in rows:
+        if row.get("verdict") != "slow":
+            continue
+        node = str(row.get("node"))
+        named = [
+            problem
+            for problem in problems
+            if problem.startswith(f"node {node} ") and "could not be judged" not in problem
+        ]
+        found[node] = "; ".join(named) or f"node {node} is slow (device {row.get('device')})"
+    return found
+
+
+def drain_gate(
+    mesh: Mesh, job_dir: Path, jobs_dir: str, job_id: str, by: str, check: bool = False
+) -> list[str]:
+    """After health gate ``job_id`` (its directory ``job_dir`` here, on its first node), drain the nodes its
+    verdict names slow (:func:`gate_drains`); one line per node, as the report says it: ``drained: NODE
+    (reason)``, or why it could not be."""
+    try:
+        health = json.loads(Path(job_dir, HEALTH).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []  # no verdict (the gate did not finish): nothing names a node
+    lines = []
+    for node, problem in gate_drains(health if isinstance(health, Mapping) else {}).items():
+        reason = f"health gate {job_id}: {problem}"
+        try:
+            answer = drain_on(mesh, node, jobs_dir, reason, by, check)
+        except DrainError as error:
+            answer = {"error": str(error)}
+        if answer.get("error"):
+            lines.append(f"not drained: {node} ({answer['error']}): {reason}")
+        else:
+            lines.append(f"{'would drain' if check else 'drained'}: {node} ({reason})")
+    return lines
+
+
+def _node_list(text: str) -> list[str]:
+    return [node.strip() for node in text.split(",") if node.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs-dir", default="/workspace/jobs", help="the jobs' directory in the node")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--drain", action="store_true", help="drain the node (needs --reason)")
+    action.add_argument("--undrain", action="store_true", help="undrain the node")
+    action.add_argument("--show", action="store_true", help="say whether the node (--nodes: each) is drained")
+    action.add_argument("--gate", default="", help="drain the nodes health gate JOB_ID's verdict names slow")
+    parser.add_argument("--reason", default="", help="why the node is drained (required with --drain)")
+    parser.add_argument("--by", default="", help="who drains it (the list says)")
+    parser.add_argument("--node", default="", help="this node (default) or another, over the mesh's ssh")
+    parser.add_argument("--nodes", default="", help="with --show: these nodes, comma-separated, at once")
+    parser.add_argument("--check", action="store_true", help="change nothing; say what would change")
+    args = parser.parse_args(argv)
+    jobs_dir = args.jobs_dir.rstrip("/") or "/"
+    me = socket.gethostname()
+    mesh = Mesh(me)
+    node = args.node or me
+    if args.gate and not node_jobs.JOB_ID.fullmatch(args.gate):
+        parser.error(f"--gate {args.gate!r} is not a job id")
+    try:
+        if args.show and args.nodes:
+            nodes = _node_list(args.nodes)
+            with ThreadPoolExecutor(max_workers=min(POOL, max(1, len(nodes)))) as pool:
+                drained, unknown = show_on(mesh, nodes, jobs_dir, pool)
+            answer: dict[str, Any] = {"drained": drained, "unknown": unknown}
+        elif args.show:
+            found = read(jobs_dir)
+            answer = {"node": me, "drained": found.to_dict() if found else None}
+        elif args.gate:
+            lines = drain_gate(mesh, Path(jobs_dir, args.gate), jobs_dir, args.gate, args.by, args.check)
+            answer = {"lines": lines, "changed": bool(lines) and not args.check}
+        elif args.drain:
+            answer = drain_on(mesh, node, jobs_dir, args.reason, args.by or "?", args.check)
+        else:
+            answer = undrain_on(mesh, node, jobs_dir, args.check)
+    except DrainError as error:
+        print(json.dumps({"node": node, "error": str(error)}))
+        return 1
+    print(json.dumps(answer))
+    return 1 if answer.get("error") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
