@@ -29,7 +29,7 @@ SMALL = [
     "--log-every",
     "3",
 ]
-TIMING_KEYS = {"seconds", "samples_per_s"}
+TIMING_KEYS = {"seconds", "samples_per_s", "step_time_s"}
 
 pytestmark = pytest.mark.usefixtures("no_launcher")
 

@@ -1,15 +1,31 @@
-"""What a training run tells the world: per-rank log lines, rank 0's progress, metrics.jsonl, summary.json.
+"""What a training run tells the world: per-rank log lines, rank 0's progress, metrics.jsonl, summary.json and
+TensorBoard's event files.
 
 Every rank prints a few lines of its own to stdout (start, each epoch, end), each prefixed ``[rank R/W]``, so
 the launcher's per-rank output files say what each process did. Rank 0 also prints the global progress (a
 bar when stdout is a terminal, plain lines otherwise) and writes ``metrics.jsonl``: one JSON object a line,
 ``"kind": "step"`` every ``--log-every`` steps and ``"kind": "epoch"`` at the end of each epoch.
+
+Rank 0 writes the same records as TensorBoard scalars (:class:`TensorBoard`), each at its global step, into
+:func:`tensorboard_dir`: ``$DDP_TENSORBOARD_DIR`` (the launcher sets it to ``JOB/output/tensorboard``, which
+the collect and ``jobs.yml -e sync=ID`` bring to ``runs/ID/output/tensorboard/``), else
+``OUTPUT_DIR/tensorboard``; set but empty, none. The tags, by the record's kind and field
+(:data:`TENSORBOARD_TAGS`):
+
+    step    loss -> train/loss, lr -> train/learning_rate, samples_per_s -> train/samples_per_s,
+            step_time_s -> train/step_time_s (means over the steps since the last log)
+    epoch   loss -> train/epoch_loss, test_loss -> eval/loss, test_accuracy -> eval/accuracy,
+            samples_per_s -> train/epoch_samples_per_s
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -17,10 +33,148 @@ from ddp_cluster.files import write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+TENSORBOARD_VARIABLE = "DDP_TENSORBOARD_DIR"
+TENSORBOARD_SUBDIR = "tensorboard"  # under the output directory, when the variable is not set
+# The writer's thread writes each event to its file and flushes the file at most this many seconds later: a
+# sync mid-run sees the steps logged until a second before. Each record is flushed at once too, but
+# tensorboardX's flush does not wait for its thread to have written the events (torch's writer's flush does).
+TENSORBOARD_FLUSH_SECONDS = 1
+TENSORBOARD_TAGS: dict[str, dict[str, str]] = {
+    "step": {
+        "loss": "train/loss",
+        "lr": "train/learning_rate",
+        "samples_per_s": "train/samples_per_s",
+        "step_time_s": "train/step_time_s",
+    },
+    "epoch": {
+        "loss": "train/epoch_loss",
+        "test_loss": "eval/loss",
+        "test_accuracy": "eval/accuracy",
+        "samples_per_s": "train/epoch_samples_per_s",
+    },
+}
+
+WriterFactory = Callable[..., Any]  # SummaryWriter(log_dir, purge_step=, flush_secs=, filename_suffix=)
+
+
+def tensorboard_dir(output_dir: Path, environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where rank 0 writes its event files: ``$DDP_TENSORBOARD_DIR`` (every rank of a job has it from the
+    launcher), else ``OUTPUT_DIR/tensorboard`` (a run by hand); ``DDP_TENSORBOARD_DIR=`` (empty): none."""
+    value = (os.environ if environ is None else environ).get(TENSORBOARD_VARIABLE)
+    if value is None:
+        return output_dir / TENSORBOARD_SUBDIR
+    return Path(value) if value.strip() else None
+
+
+def tensorboardx_writer() -> WriterFactory | None:
+    """tensorboardX's SummaryWriter (the image's: it needs only protobuf, some 5 MB with it); None without it.
+    The entrypoint falls back on torch's own (``ddp_cluster.runtime.train.summary_writer``): this module
+    imports no torch, since the controller reads its names."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter  # type: ignore[no-any-return]
+
+
+class TensorBoard:
+    """Rank 0's event files: each metrics record's numbers as scalars at the record's step
+    (:data:`TENSORBOARD_TAGS`), flushed at once.
+
+    It never stops training: without a writer package (a user's own image), or when a write fails (a full
+    disk), it says so once on rank 0's log and writes no more.
+    """
+
+    def __init__(
+        self,
+        directory: Path | None,
+        warn: Callable[[str], None],
+        writer_factory: Callable[[], WriterFactory | None] = tensorboardx_writer,
+    ) -> None:
+        self.directory = directory
+        self._warn = warn
+        self._writer_factory = writer_factory
+        self._writer: Any = None
+
+    @property
+    def active(self) -> bool:
+        return self._writer is not None
+
+    def open(self, start_step: int) -> None:
+        """A new event file in the directory (each attempt of a job writes its own). ``start_step``: the step
+        training goes on from (0: a fresh run, the checkpoint's on a resume); TensorBoard then drops the
+        earlier files' events from the step after it on (the writer's ``purge_step``): those a killed attempt
+        logged past its checkpoint, which this run logs again, so a curve goes on from the checkpoint instead
+        of holding both."""
+        if self.directory is None:
+            return
+        factory = self._writer_factory()
+        if factory is None:
+            self._warn(
+                "note: no TensorBoard event files: neither tensorboardX nor tensorboard is installed in this "
+                "image; training goes on (add tensorboardX to the image's requirements, as "
+                "docker/requirements.txt does, to have them)"
+            )
+            self.directory = None
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            # A suffix of nanoseconds: two attempts started in the same second on one host (the writers name
+            # files by the second and the host) still get two files, in the order they started.
+            self._writer = factory(
+                str(self.directory),
+                purge_step=start_step + 1,
+                flush_secs=TENSORBOARD_FLUSH_SECONDS,
+                filename_suffix=f".{time.time_ns()}",
+            )
+        except Exception as error:  # whatever the writer raises, training goes on
+            self._fail("open", error)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self._writer is None:
+            return
+        tags = TENSORBOARD_TAGS.get(str(record.get("kind")), {})
+        try:
+            step = int(record["step"])
+            for field, tag in tags.items():
+                value = record.get(field)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._writer.add_scalar(tag, float(value), step)
+            self._writer.flush()
+        except Exception as error:  # whatever the writer raises, training goes on
+            self._fail("write", error)
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception as error:  # whatever the writer raises, training goes on
+                self._warn(f"note: TensorBoard's event file in {self.directory} did not close: {error}")
+
+    def _fail(self, action: str, error: Exception) -> None:
+        self._warn(
+            f"note: TensorBoard stopped: could not {action} an event file in {self.directory} "
+            f"({type(error).__name__}: {error}); training goes on, metrics.jsonl has every record"
+        )
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):  # the failure above is what the log says
+                writer.close()
 
 
 class Reporter:
-    def __init__(self, rank: int, world_size: int, output_dir: Path, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        output_dir: Path,
+        stream: TextIO | None = None,
+        tensorboard: Path | None = None,
+        writer_factory: Callable[[], WriterFactory | None] = tensorboardx_writer,
+    ) -> None:
+        """``tensorboard``: the event files' directory (:func:`tensorboard_dir`; rank 0 writes there); None:
+        none."""
         self.rank = rank
         self.world_size = world_size
         self.output_dir = output_dir
@@ -29,6 +183,7 @@ class Reporter:
         self.tty = self.is_main and self.stream.isatty()
         self._metrics: TextIO | None = None
         self._bar_open = False
+        self.tensorboard = TensorBoard(tensorboard if self.is_main else None, self.line, writer_factory)
 
     # -- lines -----------------------------------------------------------------------------------------
     def line(self, message: str) -> None:
@@ -63,7 +218,8 @@ class Reporter:
     # -- files (rank 0) ----------------------------------------------------------------------------------
     def open_metrics(self, keep_until_step: int | None) -> None:
         """Start metrics.jsonl: empty for a fresh run; on resume, keep the records up to the checkpoint's step
-        (a run killed mid-epoch logged steps that the resumed run will log again)."""
+        (a run killed mid-epoch logged steps that the resumed run will log again). Open a new event file too,
+        whose curves go on from that step (:meth:`TensorBoard.open`)."""
         if not self.is_main:
             return
         path = self.output_dir / METRICS_FILE
@@ -80,11 +236,13 @@ class Reporter:
         self._metrics = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._metrics.writelines(text + "\n" for text in kept)
         self._metrics.flush()
+        self.tensorboard.open(keep_until_step or 0)
 
     def record(self, record: dict[str, Any]) -> None:
         if self._metrics is not None:
             self._metrics.write(json.dumps(record) + "\n")
             self._metrics.flush()
+        self.tensorboard.write(record)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         if self.is_main:
@@ -92,6 +250,7 @@ class Reporter:
 
     def close(self) -> None:
         self._end_bar()
+        self.tensorboard.close()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None

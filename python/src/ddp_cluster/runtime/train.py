@@ -2,8 +2,9 @@
 
 Runs as one process per device under torchrun, mpirun (OpenMPI) or srun (Slurm), or alone. ``--batch-size``
 is per process: the global batch is ``batch_size * world_size``. Writes ``DIR/metrics.jsonl``,
-``DIR/summary.json`` and ``DIR/checkpoints/`` (rank 0 only); see :mod:`ddp_cluster.runtime.metrics` for what
-each rank prints.
+``DIR/summary.json``, ``DIR/checkpoints/`` and TensorBoard's event files (in ``$DDP_TENSORBOARD_DIR``, else
+``DIR/tensorboard``) (rank 0 only); see :mod:`ddp_cluster.runtime.metrics` for what each rank prints and the
+event files' tags.
 
 Checkpoints: rank 0 writes ``checkpoints/epoch-NNNNN.ckpt`` at the end of each epoch (N epochs completed) and,
 with ``--checkpoint-every STEPS``, ``checkpoints/epoch-NNNNN.step-SSSSSSSSS.ckpt`` every STEPS optimizer steps
@@ -54,7 +55,7 @@ from ddp_cluster.runtime.distenv import DistEnv, resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
 from ddp_cluster.runtime.group import process_group
 from ddp_cluster.runtime.heartbeat import heartbeat, install_stack_dump
-from ddp_cluster.runtime.metrics import Reporter
+from ddp_cluster.runtime.metrics import Reporter, WriterFactory, tensorboard_dir, tensorboardx_writer
 from ddp_cluster.runtime.models import build_model
 from ddp_cluster.runtime.resume import EpochProgress, Resumed, agree_on_start, relative, restore
 from ddp_cluster.runtime.secrets import load_secrets
@@ -132,6 +133,16 @@ def run_batch(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, t
     return loss.detach()
 
 
+@dataclass(frozen=True)
+class LogWindow:
+    """The steps this run trained since the last log (or the epoch's start): what their speed is made of."""
+
+    seconds: float  # wall time on this rank, up to when the window's last step was issued
+    steps: int
+    samples: int  # over all ranks (every rank's share of a batch has the same size: the sampler pads)
+    lr: float  # the optimizer's, at the window's end
+
+
 @dataclass
 class PendingLog:
     """A step log whose loss is being all-reduced in the background: training does not wait for it."""
@@ -141,6 +152,7 @@ class PendingLog:
     epoch: int
     step: int
     batch: int
+    window: LogWindow
     carried: tuple[float, float] = (0.0, 0.0)  # the reduced sums of the window's steps before a checkpoint
 
     def report(self, reporter: Reporter, epochs: int, batches: int) -> None:
@@ -148,9 +160,19 @@ class PendingLog:
         loss_sum, count = self.sums.tolist()
         loss_sum, count = self.carried[0] + loss_sum, self.carried[1] + count
         mean = loss_sum / max(count, 1.0)
+        seconds = max(self.window.seconds, 1e-9)
         reporter.progress(self.epoch, epochs, self.batch, batches, mean)
         reporter.record(
-            {"kind": "step", "epoch": self.epoch, "step": self.step, "loss": mean, "samples": int(count)}
+            {
+                "kind": "step",
+                "epoch": self.epoch,
+                "step": self.step,
+                "loss": mean,
+                "samples": int(count),
+                "lr": self.window.lr,
+                "samples_per_s": self.window.samples / seconds,
+                "step_time_s": seconds / max(self.window.steps, 1),
+            }
         )
 
 
@@ -176,7 +198,9 @@ def run_epoch(
     """Train one epoch, or its rest after ``start.batch`` batches (the loader skips those).
 
     Every ``log_every`` steps the losses since the last log are all-reduced asynchronously and reported at
-    the next log point (or the epoch's end), so logging costs no wait on the other ranks. With
+    the next log point (or the epoch's end), so logging costs no wait on the other ranks; with them the
+    window's speed (samples/s, seconds a step: wall time as this rank saw it, so a checkpoint written within
+    the window counts). With
     ``checkpoint_every``, every that many global steps but at the epoch's last batch, every rank reports the
     pending log (so no step record up to the checkpoint is lost with a killed run), all-reduces the loss
     sums so far, and calls ``checkpoint`` with the epoch's progress (rank 0 writes it). ``rng``: the RNG
@@ -194,6 +218,8 @@ def run_epoch(
     logged = 0  # entries of losses/sizes already logged
     pending: PendingLog | None = None
     trained = 0
+    window_start, window_steps, window_samples = time.perf_counter(), 0, 0
+    world_size = dist.get_world_size()
     iterator = iter(loader)
     if rng is not None:
         ckpt.restore_rng_state(rng)
@@ -204,13 +230,20 @@ def run_epoch(
         sizes.append(int(targets.shape[0]))
         state.step += 1
         trained += 1
+        window_steps += 1
+        window_samples += sizes[-1]
         heartbeat()  # a step is progress, however rarely it is logged (at most one touch a second)
         if config.log_every and state.step % config.log_every == 0:
             if pending is not None:
                 pending.report(reporter, config.epochs, batches)
             sums = loss_sums(losses[logged:], sizes[logged:], device)
             work = dist.all_reduce(sums, op=dist.ReduceOp.SUM, async_op=True)
-            pending = PendingLog(work, sums, state.epoch + 1, state.step, batch, log_carried)
+            now = time.perf_counter()
+            window = LogWindow(
+                now - window_start, window_steps, window_samples * world_size, current_lr(state.optimizer)
+            )
+            window_start, window_steps, window_samples = now, 0, 0
+            pending = PendingLog(work, sums, state.epoch + 1, state.step, batch, window, log_carried)
             log_carried = (0.0, 0.0)
             logged = len(losses)
         if (
@@ -248,6 +281,11 @@ def run_epoch(
         batches=trained,
         local_loss=local_sum / max(local_count, 1.0),
     )
+
+
+def current_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The first parameter group's learning rate (the entrypoint's model has one group)."""
+    return float(optimizer.param_groups[0]["lr"])
 
 
 def loss_sums(losses: list[torch.Tensor], sizes: list[int], device: torch.device) -> torch.Tensor:
@@ -316,10 +354,29 @@ def prepare(
     return TrainState(model, optimizer, resumed.epoch, resumed.step), resumed
 
 
+def summary_writer() -> WriterFactory | None:
+    """The event files' writer: tensorboardX's (the image's), else torch.utils.tensorboard's (it needs the
+    ``tensorboard`` package, which a base such as NVIDIA's PyTorch container brings); None: neither."""
+    found = tensorboardx_writer()
+    if found is not None:
+        return found
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # torch without the tensorboard package
+        return None
+    return SummaryWriter
+
+
 def train(config: TrainConfig, env: DistEnv, placement: Placement, data: Data) -> dict[str, Any]:
     """Train to ``config.epochs`` in an initialised process group; returns the summary (rank 0 writes it)."""
     device = placement.device
-    reporter = Reporter(env.rank, env.world_size, config.output_dir)
+    reporter = Reporter(
+        env.rank,
+        env.world_size,
+        config.output_dir,
+        tensorboard=tensorboard_dir(config.output_dir),
+        writer_factory=summary_writer,
+    )
     reporter.line(
         f"started by {env.launcher}: local rank {env.local_rank}/{env.local_world_size}, "
         f"node {env.node_rank}, master {env.master_addr}:{env.master_port}, "
