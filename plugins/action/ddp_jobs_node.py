@@ -11,7 +11,6 @@ is not a failure: its ``down`` says why, and the list shows it.
 
 from __future__ import annotations
 
-import json
 import site
 from pathlib import Path
 from typing import Any
@@ -39,15 +38,10 @@ class ActionModule(ActionBase):
         if self._task.check_mode and stop:
             return {**result, "skipped": True, "msg": f"check mode: job {stop} would be stopped here"}
         records = Path(str(self._templar.template(variables.get("cluster_controller_dir"))), "nodes")
-        workspace = "/workspace"
-        try:
-            record = json.loads((records / f"{node}.json").read_text(encoding="utf-8"))
-            workspace = str(record.get("container_workspace") or workspace)
-        except (OSError, ValueError):
-            pass
+        jobs = node_jobs.workspace_jobs(str(records), node)
         reason = str(self._task.args.get("reason") or f"stopped with jobs.yml -e stop={stop}")
         transport = ActionTransport(self, ())
         return {
             **result,
-            **node_jobs.ask(transport, node, f"{workspace}/jobs", stop, reason if stop else None),
+            **node_jobs.ask(transport, node, jobs, stop, reason if stop else None),
         }

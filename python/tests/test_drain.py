@@ -13,12 +13,13 @@ import shlex
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from ddp_cluster.job import node_jobs
-from ddp_cluster.supervisor import drain, jobs, remote
+from ddp_cluster.supervisor import drain, jobs, recovery, remote
 
 PRINTING = threading.Lock()
 
@@ -46,6 +47,7 @@ def test_a_drain_is_written_whole_and_read_back(tmp_path: Path) -> None:
     assert sorted(path.name for path in (tmp_path / "jobs").iterdir()) == sorted(
         [drain.DRAINED, drain.NODE_LOCK]
     )
+    assert drain.drain(root, "bad fan", "bob@ctl") == (made, made)  # the same reason: kept as it was
     again, was = drain.drain(root, "still bad", "bob@ctl")
     assert was == made and drain.read(root) == again and again.reason == "still bad"
     assert drain.undrain(root) == again
@@ -314,3 +316,82 @@ def test_a_start_that_claims_a_drained_node_is_refused_naming_it_and_the_undrain
     claimed, why = node_jobs.parse_claim(json.dumps(answer))
     assert claimed is False
     assert "n1 is drained" in why and "bad fan" in why and "jobs.yml -e undrain=n1" in why
+
+
+def test_the_jobs_table_shows_each_drained_node_with_when_who_and_why() -> None:
+    record = {"node": "n1", "reason": "bad fan", "since": "2026-11-26T10:00:00Z", "by": "ops@ctl"}
+    reports: dict[str, Any] = {
+        "n0": {"busy": [], "jobs": {}, "drained": None},
+        "n1": {"busy": [], "jobs": {}, "drained": record},
+        "n2": {"busy": ["J1"], "jobs": {"J1": {"nodes": ["n2"]}}, "drained": dict(record, node="n2")},
+    }
+    lines = node_jobs.table(reports, {"n3": "its container does not answer"})
+    assert "n0: free" in lines
+    assert "n1: drained since 2026-11-26T10:00:00Z by ops@ctl: bad fan" in lines and "n1: free" not in lines
+    # a drained node that runs a job: busy with it (the job goes on), and drained
+    assert "n2: busy: J1" in lines and "n2: drained since 2026-11-26T10:00:00Z by ops@ctl: bad fan" in lines
+    assert [line for line in lines if line.startswith("n3")] == ["n3: down (its container does not answer)"]
+
+
+def drain_output(answer: dict[str, Any], busy: list[str]) -> str:
+    return f"{json.dumps(answer)}\n{json.dumps({'busy': busy, 'jobs': {}})}\n"
+
+
+def test_what_the_user_reads_after_a_drain_or_an_undrain() -> None:
+    record = {"node": "n1", "reason": "bad fan", "since": "T1", "by": "ops"}
+    older = dict(record, reason="slow", since="T0")
+    drained = node_jobs.drain_result(
+        "n1", False, False, drain_output({"drained": record, "was": None, "changed": True}, ["J7"]), 0
+    )
+    assert drained["changed"] is True and drained["msg"].startswith("n1 drained: bad fan. It runs job J7:")
+    assert "the job goes on" in drained["msg"]
+    again = node_jobs.drain_result("n1", False, False, drain_output({"drained": record, "was": older}, []), 0)
+    assert "(it was drained since T0 by ops: slow" in again["msg"] and "undrain=n1" in again["msg"]
+    same = node_jobs.drain_result("n1", False, False, drain_output({"drained": record, "was": record}, []), 0)
+    assert same["changed"] is False and "already: nothing changed" in same["msg"]
+    check = node_jobs.drain_result("n1", False, True, drain_output({"drained": record, "was": None}, []), 0)
+    assert check["changed"] is False and check["msg"].startswith("n1 would be drained: bad fan")
+    gone = drain_output({"drained": None, "was": record}, [])
+    undrained = node_jobs.drain_result("n1", True, False, gone, 0)
+    assert (
+        undrained["changed"] is True
+        and "n1 undrained (it was drained since T1 by ops: bad fan)" in (undrained["msg"])
+    )
+    nothing = drain_output({"drained": None, "was": None}, [])
+    not_drained = node_jobs.drain_result("n1", True, False, nothing, 0)
+    assert not_drained == {"changed": False, "msg": "n1 is not drained: nothing to undrain"}
+    error = '{"node": "n1", "error": "a drain needs a reason"}'
+    refused = node_jobs.drain_result("n1", False, False, error, 1)
+    assert refused == {"failed": True, "msg": "n1: a drain needs a reason"}
+    down = node_jobs.drain_result("n1", False, False, "Error: No such container: n1\n", 1)
+    assert (
+        down["failed"] is True
+        and "did not answer the drain" in down["msg"]
+        and "No such container" in (down["msg"])
+    )
+
+
+# --- a restart's spares ---
+
+
+class SpareMesh(Mesh):
+    def probe(self, node: str) -> str:
+        return "down" if node in self.down else "up"
+
+
+def test_a_restart_passes_over_a_drained_spare_and_takes_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jobs, "processes", lambda jobs_dir: {})
+    folders = folders_of(tmp_path, "n0", "n1", "s0", "s1")
+    drain.drain(str(folders["s0"]), "bad fan", "ops")
+    mesh = SpareMesh("n0", folders)
+    supervisor: Any = SimpleNamespace(
+        mesh=mesh, spec=SimpleNamespace(job_dir=str(folders["n0"] / "J1"), id="J1"), nodes=["n0", "n1"]
+    )
+    passed: list[str] = []
+    assert recovery.spare_free(supervisor, "s0", passed) is False and passed == ["s0"]
+    assert jobs.read_claim(str(folders["s0"])) is None  # the drained spare was not claimed
+    assert recovery.spare_free(supervisor, "s1", passed) is True and passed == ["s0"]
+    claimed = jobs.read_claim(str(folders["s1"]))
+    assert claimed is not None and claimed.job == "J1"

@@ -233,3 +233,32 @@ def test_a_used_job_id_is_refused_at_once_even_with_wait_for_nodes() -> None:
     assert result["failed"] is True and len(node.commands) == 1  # not waited for: waiting does not help
     assert "node0: the job's directory /srv/ddp/node0/jobs/J1 is there already" in result["msg"]
     assert node.commands[0].startswith("if [ -e /srv/ddp/node0/jobs/J1 ]; then")
+
+
+# --- a drained node ---
+
+
+class Drained(Busy):
+    """A node drained (and, for ``reads`` checks, busy with job J9)."""
+
+    def run(self, command: str) -> Done:
+        self.commands.append(command)
+        busy = len(self.commands) <= self.reads
+        data = json.loads(report(("J9", ["node0"])) if busy else report())
+        data["drained"] = {"node": "node0", "reason": "ECC errors", "since": "T0", "by": "ops"}
+        return Done(0, f"{json.dumps(data)}\nup\n")
+
+
+def test_a_drained_node_is_refused_naming_its_record_and_the_undrain() -> None:
+    result = check_node(plan(), "node0", Drained(reads=0), say=print)
+    assert result["failed"] is True
+    assert result["msg"].startswith("node0 is drained since T0 by ops: ECC errors.")
+    assert "jobs.yml -e undrain=node0" in result["msg"]
+    assert "failed" not in check_node(plan(), "node0", Busy(reads=0), say=print)  # not drained: ok
+
+
+def test_a_drained_node_is_never_waited_for() -> None:
+    slept: list[float] = []
+    node = Drained(reads=3)
+    result = check_node({**plan(), "wait_for_nodes": True}, "node0", node, say=print, sleep=slept.append)
+    assert result["failed"] is True and "drained" in result["msg"] and slept == []

@@ -423,3 +423,42 @@ def test_the_job_after_its_own_gate_shares_the_gates_id_and_no_other_job_does(tm
     other_gate = inventory(tmp_path, previous={**gate.to_dict(), "base_id": "p2"}, gate_passed="p2-preflight")
     assert "job_id=p1 was used before" in refused(tmp_path, other_gate, id="p1")
     assert "job_id=p1 was used before" in refused(tmp_path, id="p1")  # a later run: no gate of its own
+
+
+# --- drained nodes: the first N undrained ---
+
+DRAINED = {"reason": "bad fan", "since": "2026-11-26T10:00:00Z", "by": "ops@ctl"}
+
+
+def test_the_plan_takes_the_first_undrained_nodes_and_says_which_it_skipped(tmp_path: Path) -> None:
+    nodes = ("s0", "s1", "s2", "s3")
+    inv = inventory(tmp_path, nodes, drained={"s0": DRAINED, "s3": DRAINED})
+    made = make(tmp_path, inv, nodes="2")
+    assert list(made.spec.nodes) == ["s1", "s2"] and made.first == "s1"
+    assert dict(made.skipped) == {"s0": "drained since 2026-11-26T10:00:00Z by ops@ctl: bad fan"}
+    line = next(line for line in made.lines() if "skipped" in line)
+    assert "s0 (drained since 2026-11-26T10:00:00Z by ops@ctl: bad fan)" in line and "undrain=NODE" in line
+    assert "s3" not in line  # beyond the job's nodes: not passed over
+    assert make(tmp_path, inventory(tmp_path, nodes), nodes="2").skipped == {}
+
+
+def test_the_spares_are_the_undrained_nodes_after_the_jobs(tmp_path: Path) -> None:
+    nodes = ("s0", "s1", "s2", "s3", "s4")
+    inv = inventory(tmp_path, nodes, drained={"s1": DRAINED, "s3": DRAINED})
+    made = make(tmp_path, inv, nodes="2", max_restarts="1")
+    assert list(made.spec.nodes) == ["s0", "s2"] and list(made.spec.spares) == ["s4"]
+
+
+def test_too_few_undrained_nodes_is_refused_naming_the_drained_ones_and_the_undrain(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, ("s0", "s1", "s2"), drained={"s1": DRAINED})
+    said = refused(tmp_path, inv, nodes="3")
+    assert "nodes=3 but only 2 of the inventory's 3 nodes are undrained (s0, s2)" in said
+    assert "s1 (drained since 2026-11-26T10:00:00Z by ops@ctl: bad fan)" in said
+    assert "jobs.yml -e undrain=NODE" in said and "Nothing was started" in said
+    assert not (tmp_path / "runs" / "j1").exists()
+
+
+def test_nodes_whose_drain_state_is_unknown_are_named(tmp_path: Path) -> None:
+    made = make(tmp_path, inventory(tmp_path, drain_unknown=("s1", "s9")))
+    assert list(made.spec.nodes) == ["s0", "s1"]
+    assert any("could not read whether s1 is drained" in line for line in made.lines())

@@ -45,3 +45,14 @@ def test_attach_gives_the_earlier_runs_plan_or_says_there_is_none(
     assert missing["msg"].startswith(
         f"attach=J2: this controller has no plan of that job ({tmp_path}/elsewhere/J2"
     )
+
+
+def test_the_drained_nodes_come_from_plan_ymls_read_of_the_nodes() -> None:
+    record = {"node": "n1", "reason": "bad", "since": "T", "by": "ops"}
+    read = {"changed": False, "nodes": ["n0", "n1"], "drained": {"n1": record}, "unknown": ["n2"]}
+    nodes = ["n0", "n1", "n2"]
+    assert plan_inputs.drained(read, nodes) == {"drained": {"n1": record}, "drain_unknown": ["n2"]}
+    # the read failed (the entry node did not answer): nothing is known to be drained, every node unknown
+    assert plan_inputs.drained({"unreachable": True, "msg": "x"}, nodes) == {"drain_unknown": nodes}
+    assert plan_inputs.drained({"skipped": True}, nodes) == {}  # attach: no plan made
+    assert plan_inputs.drained(None, nodes) == {}

@@ -7,8 +7,9 @@ one job: an id used before on this node is refused before anything is written); 
 :mod:`ddp_cluster.job.node_jobs`, names the other job and its nodes; with ``wait_for_nodes`` the check is
 repeated until the node is free, within the job's time bound); on the first node the master port is free;
 before an npu health gate, each of the node's job devices reaches its counterpart on the next server
-(``hccn_tool -i N -ping -g address IP``, as the Ascend multi-node checklist does). :func:`problems` names the
-node, what is wrong and the fix.
+(``hccn_tool -i N -ping -g address IP``, as the Ascend multi-node checklist does); the node is not drained
+(the plan skips drained nodes; one drained after the plan, or whose state the plan could not read, is refused
+here, never waited for). :func:`problems` names the node, what is wrong and the fix.
 """
 
 from __future__ import annotations
@@ -69,6 +70,13 @@ def busy_jobs(output: str, own: str) -> dict[str, list[str]]:
     return node_jobs.busy(report, own) if report else {}
 
 
+def drained_record(output: str) -> dict[str, Any] | None:
+    """The node's drain record, from the script's output (its report's ``drained``); None: not drained."""
+    report = node_jobs.parse("\n".join(line for line in output.splitlines() if line.startswith("{")))
+    drained = report.get("drained") if report else None
+    return dict(drained) if isinstance(drained, Mapping) else None
+
+
 def problems(
     node: str,
     container: str,
@@ -95,6 +103,8 @@ def problems(
     ]
     if busy := busy_jobs(output, own):
         found.append(busy_problem(node, busy))
+    if drained := drained_record(output):
+        found.append(node_jobs.drained_message(node, drained))
     listening = [line.removeprefix("listening: ") for line in lines if line.startswith("listening: ")]
     if listening and not found:  # a busy node's job holds the port: the job is named already
         found.append(

@@ -17,6 +17,7 @@ import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ddp_cluster.job import status as job_status
@@ -151,6 +152,104 @@ def ask(
         said = (done.stderr.strip() or done.stdout.strip() or f"rc {done.rc}").splitlines()
         return {"changed": False, "down": f"its container does not answer: {said[-1][:200]}"}
     return {"changed": bool(stop), "report": report}
+
+
+DRAIN_MODULE = "ddp_cluster.supervisor.drain"
+
+
+def workspace_jobs(records_dir: str, node: str) -> str:
+    """The jobs' directory in ``node``'s container (/workspace/jobs), from what site.yml recorded of it."""
+    workspace = "/workspace"
+    try:
+        record = json.loads(Path(records_dir, f"{node}.json").read_text(encoding="utf-8"))
+        workspace = str(record.get("container_workspace") or workspace)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return f"{workspace}/jobs"
+
+
+def drain_command(jobs: str, undrain: bool, reason: str, by: str, check: bool) -> str:
+    """The node's shell command that drains (or undrains) it, then reports its jobs: two JSON lines, the
+    drain's answer (:mod:`ddp_cluster.supervisor.drain`) and the node's report (which jobs run there)."""
+    line = f". {NODE_ENV} && python -m {DRAIN_MODULE} --jobs-dir {shlex.quote(jobs)}"
+    line += " --undrain" if undrain else f" --drain --reason {shlex.quote(reason)} --by {shlex.quote(by)}"
+    line += " --check" if check else ""
+    return f"{line}; {command(jobs)}"
+
+
+def show_command(jobs: str, nodes: Sequence[str]) -> str:
+    """The node's shell command that reads every node's drain record of ``nodes`` over the mesh, at once:
+    one JSON line, ``drained`` (node -> record) and ``unknown`` (the nodes that did not answer)."""
+    return (
+        f". {NODE_ENV} && python -m {DRAIN_MODULE} --jobs-dir {shlex.quote(jobs)} --show"
+        f" --nodes {shlex.quote(','.join(nodes))}"
+    )
+
+
+def gate_drain_command(jobs: str, job: str, by: str, check: bool) -> str:
+    """The first node's shell command that drains the nodes health gate ``job``'s verdict names slow (over
+    the mesh); one JSON line with ``lines``, as the report says them."""
+    line = (
+        f". {NODE_ENV} && python -m {DRAIN_MODULE} --jobs-dir {shlex.quote(jobs)} --gate {shlex.quote(job)}"
+        f" --by {shlex.quote(by)}"
+    )
+    return line + (" --check" if check else "")
+
+
+def _json_lines(output: str) -> list[dict[str, Any]]:
+    found = []
+    for line in output.splitlines():
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                found.append(value)
+    return found
+
+
+def drain_result(node: str, undrain: bool, check: bool, output: str, rc: int) -> dict[str, Any]:
+    """The ``ddp_jobs_drain`` action's result from :func:`drain_command`'s output: ``msg`` (what was done,
+    and what it means for a job that runs there), ``changed``; ``failed`` when the node refused or did not
+    answer."""
+    answers = _json_lines(output)
+    answer = next((item for item in answers if "drained" in item or "error" in item), None)
+    report = next((item for item in answers if "busy" in item), None)
+    if answer is None:
+        said = output.strip().splitlines()
+        return {
+            "failed": True,
+            "msg": f"{node} did not answer the {'undrain' if undrain else 'drain'} (rc {rc}:"
+            f" {(said[-1] if said else 'no output')[:200]}): check that its container runs (site.yml brings"
+            " it up), then run jobs.yml again",
+        }
+    if answer.get("error"):
+        return {"failed": True, "msg": f"{node}: {answer['error']}"}
+    was, now = answer.get("was"), answer.get("drained")
+    would = "would be " if check else ""
+    if undrain:
+        if not isinstance(was, Mapping):
+            return {"changed": False, "msg": f"{node} is not drained: nothing to undrain"}
+        msg = f"{node} {would}undrained (it was {describe_drained(was)}); the next jobs may take it again"
+        return {"changed": not check, "msg": msg}
+    if not isinstance(now, Mapping):
+        return {"failed": True, "msg": f"{node} gave no drain record back: {output.strip()[-200:]}"}
+    same = isinstance(was, Mapping) and was == now
+    msg = f"{node} {would}drained: {now.get('reason')}"
+    if same:
+        msg = f"{node} is {describe_drained(now)} already: nothing changed"
+    elif isinstance(was, Mapping):
+        msg += f" (it was {describe_drained(was)}: the record says the latest reason)"
+    running = [str(job) for job in (report or {}).get("busy") or []]
+    if running:
+        msg += (
+            f". It runs job {', '.join(running)}: the job goes on; the drain keeps {node} out of the next"
+            " jobs and of a restart's spares"
+        )
+    else:
+        msg += f". The next jobs skip it; ansible-playbook jobs.yml -e undrain={node} gives it back"
+    return {"changed": not check and not same, "msg": msg, "drained": now, "busy": running}
 
 
 def _started(found: Mapping[str, Any]) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.ascend import ranktable
-from ddp_cluster.job import secrets
+from ddp_cluster.job import node_jobs, secrets
 from ddp_cluster.job import spec as job
 from ddp_cluster.job.bundle import BUNDLE, PLAN_FILE, WORKDIR_ARCHIVE, load, pack_project, write_files
 from ddp_cluster.job.records import RECORDS_DIR, NodeRecord, node_record, read_records
@@ -85,6 +85,11 @@ class Inventory:
     # keeps no value (the start reads them).
     env_names: frozenset[str] = frozenset()
     now: float | None = None  # for the job's id (default: time.time())
+    # The drained nodes (node -> its drain record: reason, since, by), as the nodes said it before the plan;
+    # the plan takes "the first N undrained nodes". ``drain_unknown``: nodes whose state could not be read
+    # (they did not answer; their own check before the start refuses a drained one).
+    drained: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    drain_unknown: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class Plan:
     collect_timeout: int = 10
     detach: bool = False  # train.yml returns once every rank runs (the job goes on without it)
     wait_for_nodes: bool = False  # nodes busy with another job are waited for (within job_timeout)
+    skipped: Mapping[str, str] = field(default_factory=dict)  # drained node passed over -> why (its record)
+    drain_unknown: Sequence[str] = ()  # nodes whose drain record could not be read before the plan
 
     @property
     def label(self) -> str:
@@ -151,6 +158,17 @@ class Plan:
         if self.resume_checkpoint:
             line += f", resuming from {self.resume_checkpoint}"
         lines = [line]
+        if self.skipped:
+            passed = "; ".join(f"{node} ({why})" for node, why in self.skipped.items())
+            lines.append(
+                f"{self.label} {spec.id}: skipped drained node(s): {passed}."
+                " ansible-playbook jobs.yml -e undrain=NODE gives one back"
+            )
+        if self.drain_unknown:
+            lines.append(
+                f"{self.label} {spec.id}: could not read whether {', '.join(self.drain_unknown)} is drained"
+                " (no answer); each node's own check before the start refuses a drained one"
+            )
         if spec.max_restarts:
             fewer = f"down to min_nodes={spec.min_nodes}" if spec.min_nodes else "never with fewer nodes"
             spares = ", ".join(spec.spares) or "none in the inventory"
@@ -398,6 +416,34 @@ def _check(
     )
 
 
+def choose_nodes(inventory: Inventory, count: int, job_id: str) -> tuple[list[str], dict[str, str]]:
+    """The job's nodes, the first ``count`` undrained nodes of the inventory, and the drained ones passed
+    over on the way (node -> why); PlanError naming the drained nodes when too few are left."""
+    undrained = [node for node in inventory.nodes if node not in inventory.drained]
+    if count > len(undrained):
+        drained = "; ".join(
+            f"{node} ({node_jobs.describe_drained(record)})"
+            for node, record in inventory.drained.items()
+            if node in inventory.nodes
+        )
+        raise PlanError(
+            [
+                f"nodes={count} but only {len(undrained)} of the inventory's {len(inventory.nodes)} nodes are"
+                f" undrained ({', '.join(undrained) or 'none'}); drained: {drained}. A drained node takes no"
+                " new job: once it is fixed, give it back with ansible-playbook jobs.yml -e undrain=NODE, or"
+                f" ask for fewer nodes. Nothing was started (job {job_id})"
+            ]
+        )
+    nodes = undrained[:count]
+    last = inventory.nodes.index(nodes[-1]) if nodes else -1
+    skipped = {
+        node: node_jobs.describe_drained(inventory.drained[node])
+        for node in inventory.nodes[:last]
+        if node in inventory.drained
+    }
+    return nodes, skipped
+
+
 def make_plan(
     request: Mapping[str, Any],
     options: Mapping[str, Mapping[str, Any]],
@@ -422,13 +468,13 @@ def make_plan(
                 " nothing was started"
             ]
         )
-    nodes = list(inventory.nodes[: asked.count])
+    nodes, skipped = choose_nodes(inventory, asked.count, base_id)
     records = {node: node_record(inventory.records, node, inventory.records_dir) for node in nodes}
-    # The spares a restart may take: the inventory's nodes beyond the job's that site.yml recorded.
+    # The spares a restart may take: the inventory's undrained nodes beyond the job's that site.yml recorded.
     spares = [
         node
-        for node in inventory.nodes[asked.count :]
-        if node in inventory.records and not gate and asked.max_restarts
+        for node in inventory.nodes[inventory.nodes.index(nodes[-1]) + 1 :]
+        if node in inventory.records and node not in inventory.drained and not gate and asked.max_restarts
     ]
     for node in spares:
         records[node] = NodeRecord.from_dict(node, inventory.records[node])
@@ -517,4 +563,6 @@ def make_plan(
         collect_timeout=int(str(request["collect_timeout"])),
         detach=asked.detach and not gate,
         wait_for_nodes=asked.wait_for_nodes,
+        skipped=skipped,
+        drain_unknown=[node for node in inventory.drain_unknown if node in inventory.nodes],
     )

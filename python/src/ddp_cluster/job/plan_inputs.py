@@ -48,7 +48,24 @@ def inventory(variables: Mapping[str, Any], value: Value, npu_plan: Mapping[str,
         previous=variables.get("_ddp_job_plan") or {},
         gate_passed=str(variables.get("_ddp_job_gate_passed") or ""),
         env_names=frozenset(name for name, set_to in os.environ.items() if set_to),
+        **drained(variables.get("__ddp_job_drained"), nodes),
     )
+
+
+def drained(read: Any, nodes: list[str]) -> dict[str, Any]:
+    """The Inventory's ``drained`` and ``drain_unknown``, from what plan.yml's read of the nodes' drain
+    records returned (the ``ddp_jobs_drain`` action with ``show``: ``drained``, node -> record; ``unknown``,
+    the nodes that did not answer). A read that failed: every node unknown, none drained (each node's own
+    check before the start refuses a drained one); one that did not run (attach): nothing."""
+    if not isinstance(read, Mapping) or read.get("skipped"):
+        return {}
+    records = read.get("drained")
+    if not isinstance(records, Mapping):
+        return {"drain_unknown": list(nodes)}
+    return {
+        "drained": {str(node): dict(item) for node, item in records.items() if isinstance(item, Mapping)},
+        "drain_unknown": [str(node) for node in read.get("unknown") or []],
+    }
 
 
 def attach(request: Mapping[str, Any], say: Callable[[str], None]) -> dict[str, Any]:

@@ -60,7 +60,7 @@ from ddp_cluster.files import write_atomic
 from ddp_cluster.job import node_jobs
 from ddp_cluster.supervisor.remote import POOL, Mesh
 
-MODULE = "ddp_cluster.supervisor.drain"
+MODULE = node_jobs.DRAIN_MODULE
 DRAINED = ".drained"
 # The node's lock: its claim's and its drain record's changes are made under it (one kernel, one file system).
 NODE_LOCK = ".claim.lock"
@@ -133,8 +133,10 @@ def read(jobs_dir: str) -> Drained | None:
 def drain(
     jobs_dir: str, reason: str, by: str, check: bool = False, now: float | None = None
 ) -> tuple[Drained, Drained | None]:
-    """Drain this node: (its record now, the record it had before or None). A node drained already gets the
-    new reason and time (the record says the latest why). ``check``: nothing written."""
+    """Drain this node: (its record now, the record it had before or None). A node drained already with
+    another reason gets the new reason and time (the record says the latest why); with the same reason it is
+    kept as it is (drained again, e.g. by the supervisor and then the controller after a gate: one record,
+    the first). ``check``: nothing written."""
     reason = " ".join(reason.split())
     if not reason:
         raise DrainError(
@@ -144,6 +146,8 @@ def drain(
     made = Drained(node=socket.gethostname(), reason=reason, since=now_iso(now), by=by or "?")
     with node_lock(jobs_dir):
         before = read(jobs_dir)
+        if before is not None and before.reason == reason:
+            return before, before
         if not check:
             try:
                 write_atomic(Path(jobs_dir, DRAINED), (json.dumps(made.to_dict()) + "\n").encode())
@@ -207,7 +211,7 @@ def drain_on(
     ``{"node": N, "error": ...}`` when the node did not answer."""
     if node == mesh.me:
         made, before = drain(jobs_dir, reason, by, check)
-        return _answer(node, made, before, not check)
+        return _answer(node, made, before, made != before and not check)
     answer = parse(mesh.run(node, command(jobs_dir, "drain", reason, by, check)))
     if answer is None or not ("drained" in answer or "error" in answer):
         return {"node": node, "error": "it did not answer over the cluster's ssh"}

@@ -1,9 +1,10 @@
 """A job's restart on the cluster, by its supervisor: no controller is needed.
 
 After a failure that a restart can cure (:func:`ddp_cluster.supervisor.failures.restart_cause`), within
-``max_restarts``: on the nodes that still answer, a free spare in place of each lost node (else fewer, down to
-``min_nodes``), from the newest checkpoint (:func:`newest_checkpoint`); the attempt's logs kept under
-``JOB/attempts/<n>/`` on each node; the restart recorded in the status (and in summary.json at the end).
+``max_restarts``: on the nodes that still answer, a free spare in place of each lost node (never a drained
+one: :mod:`ddp_cluster.supervisor.drain`; else fewer, down to ``min_nodes``), from the newest checkpoint
+(:func:`newest_checkpoint`); the attempt's logs kept under ``JOB/attempts/<n>/`` on each node; the restart
+recorded in the status (and in summary.json at the end).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
     # A node that does not take the job's files (it froze, its disk is full) is replaced by a spare too.
     taken: list[str] = []
     refused: list[str] = []
+    drained: list[str] = []  # spares passed over: drained (kept out of new work)
     while True:
         taken = [node for node in taken if node not in refused]
         healthy = [node for node in healthy if node not in refused]
@@ -141,7 +143,8 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
                 and node not in lost_before
                 and node not in taken
                 and node not in refused
-                and spare_free(supervisor, node)
+                and node not in drained
+                and spare_free(supervisor, node, drained)
             ):
                 taken.append(node)
         nodes = healthy + taken
@@ -152,6 +155,7 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
                 f" min_nodes={fewest}, and no spare up and free"
                 + (f" among {', '.join(spec.spares)}" if spec.spares else " (the inventory has none)")
                 + (f" (did not take the job's files: {', '.join(refused)})" if refused else "")
+                + (f" (drained, passed over: {', '.join(drained)})" if drained else "")
             )
             return False
         if not archived:
@@ -208,16 +212,20 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
     return True
 
 
-def spare_free(supervisor: Supervisor, node: str) -> bool:
-    """A spare is a node that answers, runs no job (the node's own answer: ddp_cluster.supervisor.jobs) and
-    is claimed for this job."""
+def spare_free(supervisor: Supervisor, node: str, drained: list[str] | None = None) -> bool:
+    """A spare is a node that answers, runs no job (the node's own answer: ddp_cluster.supervisor.jobs), is
+    not drained and is claimed for this job (the claim refuses a drained node, under the node's lock: a drain
+    and this claim never both win); a drained one is added to ``drained``."""
     if supervisor.mesh.probe(node) != "up":
         return False
     jobs_dir = str(Path(supervisor.spec.job_dir).parent)
     if supervisor.mesh.jobs_on(node, jobs_dir) != []:
         return False
     nodes = [*supervisor.nodes, node]
-    return bool(claim_one(supervisor.mesh, node, supervisor.spec.id, jobs_dir, nodes).get("claimed"))
+    answer = claim_one(supervisor.mesh, node, supervisor.spec.id, jobs_dir, nodes)
+    if answer.get("drained") and drained is not None:
+        drained.append(node)
+    return bool(answer.get("claimed"))
 
 
 def archive_attempt(
