@@ -511,7 +511,8 @@ def test_nvidia_smi_without_driver(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [(), ("topo",), ("topo", "-p2p", "r"), ("--query-gpu=name", "--format=csv"), ("-L", "-i", "0")]
+    "args",
+    [(), ("topo",), ("topo", "-p2p", "r"), ("--query-gpu=clocks.sm", "--format=csv"), ("-L", "-i", "0")],
 )
 def test_nvidia_smi_unknown_arguments(machine: Machine, args: tuple[str, ...]) -> None:
     result = machine.run("nvidia-smi", *args)
@@ -519,3 +520,46 @@ def test_nvidia_smi_unknown_arguments(machine: Machine, args: tuple[str, ...]) -
     assert "nvidia-smi (double): unsupported arguments" in result.stderr
     assert result.stdout == ""
     assert len(machine.calls()) == 1
+
+
+TELEMETRY_QUERY = (
+    "--query-gpu=index,utilization.gpu,memory.used,memory.total,temperature.gpu,"
+    "ecc.errors.uncorrected.volatile.total"
+)
+
+
+def test_nvidia_smi_answers_the_telemetry_query_from_its_settings(tmp_path: Path) -> None:
+    gpus = {"0": {"utilization": 97, "memory_used": 72908, "temperature": 61}, "1": {"ecc": False}}
+    m = Machine(tmp_path, {"gpu_count": 2, "gpus": gpus})
+    result = m.run("nvidia-smi", TELEMETRY_QUERY, "--format=csv,noheader,nounits")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "0, 97, 72908, 81559, 61, 0\n1, 0, 1, 81559, 34, [N/A]\n"
+    with_units = m.run("nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used", "--format=csv").stdout
+    assert with_units.splitlines() == [
+        "index, utilization.gpu [%], memory.used [MiB]",
+        "0, 97 %, 72908 MiB",
+        "1, 0 %, 1 MiB",
+    ]
+
+
+def test_nvidia_smi_can_be_told_a_gpu_counts_uncorrectable_ecc_errors(tmp_path: Path) -> None:
+    m = Machine(tmp_path, {"gpu_count": 2})
+    assert m.run("nvidia-smi", "double-set-ecc", "-i", "1", "3").returncode == 0
+    lines = m.run("nvidia-smi", TELEMETRY_QUERY, "--format=csv,noheader,nounits").stdout.splitlines()
+    assert [line.rsplit(", ", 1)[1] for line in lines] == ["0", "3"]
+    assert m.run("nvidia-smi", "double-set-ecc", "-i", "2", "1").returncode == 1  # no GPU 2
+    assert m.run("nvidia-smi", "double-set-ecc", "-i", "1").returncode == 2
+
+
+def test_npu_smi_info_takes_its_figures_and_a_health_set_mid_job(tmp_path: Path) -> None:
+    m = Machine(tmp_path, {"chip_count": 2, "devices": {"0": {"aicore": 87, "hbm_used": 59356, "temp": 48}}})
+    lines = m.run("npu-smi", "info").stdout.splitlines()
+    assert lines[6].split("|")[3].split()[1] == "48"
+    assert lines[7].split("|")[3].split() == ["87", "0", "/", "0", "59356/", "65536"]
+    assert m.run("npu-smi", "double-set-health", "-i", "1", "Critical").returncode == 0
+    rows = [line for line in m.run("npu-smi", "info").stdout.splitlines() if line.startswith("| 1     910B ")]
+    assert [row.split("|")[2].strip() for row in rows] == ["Critical"]
+    assert m.run("npu-smi", "double-set-health", "-i", "1", "Bad").returncode == 2
+    assert m.run("npu-smi", "double-set-health", "-i", "5", "OK").returncode == 1  # no chip 5
+    # hccn_tool reads the same state file: the health kept there changes nothing of its own.
+    assert m.ok(1, "-link", "-g") == "link status: UP\n"

@@ -9,6 +9,7 @@ the header may be underlined with ANSI escapes.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ddp_cluster.accelerators.base import Accelerator, TopologyError
 from ddp_cluster.accelerators.topology import AFFINITY, checked_affinity
@@ -72,3 +73,59 @@ GPU = Accelerator(
     shares_host_ipc=True,
     host_roles=("gpu_host",),
 )
+
+
+# --- telemetry --------------------------------------------------------------------------------------------
+# What the supervisor asks every GPU node for at each sample (one line per GPU, in this order), and how.
+TELEMETRY_FIELDS = (
+    "index",
+    "utilization.gpu",
+    "memory.used",
+    "memory.total",
+    "temperature.gpu",
+    "ecc.errors.uncorrected.volatile.total",
+)
+TELEMETRY_ARGV = (
+    "nvidia-smi",
+    f"--query-gpu={','.join(TELEMETRY_FIELDS)}",
+    "--format=csv,noheader,nounits",
+)
+# nvidia-smi's words for a value it does not have (a GPU without ECC, a field the driver lacks).
+NOT_AVAILABLE = {"[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", ""}
+
+
+def _number(cell: str) -> float | None:
+    text = cell.strip()
+    if text.lower() in NOT_AVAILABLE:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def gpu_telemetry(text: str) -> list[dict[str, Any]]:
+    """One reading per GPU from :data:`TELEMETRY_ARGV`'s output (``0, 97, 72908, 81559, 61, 0``): index,
+    utilisation (%), memory used and total (MiB), temperature (C), uncorrectable ECC errors since the driver
+    loaded (None without ECC: ``[N/A]``). Lines that are no GPU's (the driver's error message) are left
+    out."""
+    found: list[dict[str, Any]] = []
+    for line in str(text or "").splitlines():
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != len(TELEMETRY_FIELDS) or not cells[0].isdigit():
+            continue
+        utilization, used, total, temperature, ecc = (_number(cell) for cell in cells[1:])
+        found.append(
+            {
+                "index": int(cells[0]),
+                "kind": "gpu",
+                "utilization_percent": utilization,
+                "memory_used_mb": used,
+                "memory_total_mb": total,
+                "temperature_c": temperature,
+                "health": "ok",
+                "ecc_uncorrectable": None if ecc is None else int(ecc),
+                "link": None,
+            }
+        )
+    return found

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from types import MappingProxyType
+from typing import Any
 
 from ddp_cluster.accelerators.base import Accelerator, TopologyError
 from ddp_cluster.accelerators.topology import AFFINITY, checked_affinity
@@ -92,3 +93,83 @@ NPU = Accelerator(
     # The Ascend PyTorch DDP manual turns HCCL's trust list off for multi-node jobs.
     rank_environment=MappingProxyType({"HCCL_WHITELIST_DISABLE": "1"}),
 )
+
+
+# --- telemetry --------------------------------------------------------------------------------------------
+# npu-smi's Health words (the npu-smi manual: OK, Warning, Alarm, Critical, UNKNOWN).
+HEALTH_WORDS = ("OK", "Warning", "Alarm", "Critical", "UNKNOWN")
+TELEMETRY_ARGV = ("npu-smi", "info")
+# A chip row's figures: AICore(%), Memory-Usage(MB) used / total, then (training chips) HBM-Usage(MB) used /
+# total; npu-smi leaves no space before the slash once a number has five digits (``59356/ 65536``).
+CHIP_FIGURES = re.compile(r"^\s*(\d+|NA|-)\s+(\d+)\s*/\s*(\d+)(?:\s+(\d+)\s*/\s*(\d+))?")
+LINK_STATUS = re.compile(r"link status:\s*(\w+)", re.IGNORECASE)
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def npu_telemetry(text: str) -> list[dict[str, Any]]:
+    """One reading per NPU from ``npu-smi info``'s chip table: its health (lower case: ok, warning, alarm,
+    critical, unknown), temperature (C), AICore utilisation (%) and memory (HBM where the chip has it, else
+    its DDR), used and total (MB). A device's row (``| 0  910B3 | OK | 101.8  43  0 / 0 |``) is followed by
+    its chips' rows (``| 0  | 0000:C1:00.0 | 0  0 / 0  3318 / 65536 |``); the process table after them is
+    not read."""
+    found: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for line in str(text or "").splitlines():
+        if "Process id" in line:
+            break
+        if not line.startswith("|"):
+            continue
+        cells = _cells(line)
+        if len(cells) < 3:
+            continue
+        first = cells[0].split()
+        if cells[1] in HEALTH_WORDS and first and first[0].isdigit():
+            figures = cells[2].split()
+            current = {
+                "index": int(first[0]),
+                "kind": "npu",
+                "utilization_percent": None,
+                "memory_used_mb": None,
+                "memory_total_mb": None,
+                "temperature_c": float(figures[1]) if len(figures) > 1 and _is_number(figures[1]) else None,
+                "health": cells[1].lower(),
+                "ecc_uncorrectable": None,
+                "link": None,
+            }
+            found.append(current)
+            continue
+        match = CHIP_FIGURES.match(cells[2])
+        if current is None or not first or not first[0].isdigit() or match is None:
+            continue
+        aicore, used, total = (
+            match.group(1),
+            match.group(4) or match.group(2),
+            match.group(5) or match.group(3),
+        )
+        if aicore.isdigit():
+            before = current["utilization_percent"]
+            current["utilization_percent"] = max(float(aicore), before if isinstance(before, float) else 0.0)
+        for key, value in (("memory_used_mb", used), ("memory_total_mb", total)):
+            before = current[key]
+            current[key] = float(value) + (before if isinstance(before, float) else 0.0)
+    return found
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def link_state(text: str) -> str | None:
+    """``hccn_tool -i N -link -g``'s ``link status: UP`` as up or down; None when it said neither."""
+    match = LINK_STATUS.search(str(text or ""))
+    if match is None:
+        return None
+    word = match.group(1).lower()
+    return word if word in ("up", "down") else None

@@ -3,8 +3,9 @@
 :func:`launcher_failure` reads mpirun's or torchrun's output (real OpenMPI 4.1 and torchrun output in the
 tests); :func:`restart_cause` says whether a restart could cure a failure (a node gone, a rank killed, a
 collective or the store timed out: the doctor's verdict on the attempt's logs; a stall, which the progress
-watchdog found), and :func:`users_error` tells the program's own Python error from the collectives' lost
-peers. The log readers here read the end of a file only, however large it grew.
+watchdog found; a device fault, which the telemetry found), and :func:`users_error` tells the program's own
+Python error from the collectives' lost peers. The log readers here read the end of a file only, however
+large it grew.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ RESTARTABLE = ("node-down", "store-timeout", "nccl-timeout", "hccl-EI0002", "hcc
 EXCEPTION = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception))(?::\s*(.*))?$")
 COLLECTIVE = re.compile(r"(?:Dist(?:Backend|Network|Store)?Error|ChildFailedError)$")
 COLLECTIVE_TEXT = re.compile(r"gloo|nccl|hccl|connection|timed out|timeout|peer|socket|store", re.IGNORECASE)
+# The cause of a failure the telemetry found: a device of a node turned bad (supervisor.telemetry). A restart
+# may cure it, without that node (drained).
+DEVICE_FAULT = "device-fault"
 
 
 @dataclass
@@ -46,13 +50,25 @@ class Failure:
     lost: tuple[str, ...] = ()  # the nodes that stopped answering
     at: float = field(default_factory=time.time)  # when the supervisor found it
     restartable: bool = True  # False: the time bound or a stop (never restarted)
-    cause: str | None = None  # what the supervisor itself found: STALL (the progress watchdog)
+    cause: str | None = None  # what the supervisor itself found: STALL (the watchdog), DEVICE_FAULT
+    device: int | None = None  # DEVICE_FAULT: the device's index on ``node``
 
 
 def lost_nodes(lost: Sequence[str], then: str = "") -> Failure:
     """Nodes that stopped answering ssh, named by the first; ``then``: what failed after (their peers')."""
     reason = f"node {lost[0]} stopped answering ssh (its container or server is down)"
     return Failure(f"{reason}; then {then}" if then else reason, node=lost[0], lost=tuple(lost))
+
+
+def device_fault(node: str, device: int, problem: str) -> Failure:
+    """A device of ``node`` turned bad during the job (the telemetry's finding): the attempt ends, naming
+    both."""
+    return Failure(
+        f"{DEVICE_FAULT}: node {node} device {device}: {problem}",
+        node=node,
+        device=device,
+        cause=DEVICE_FAULT,
+    )
 
 
 def launcher_failure(text: str, spec: JobSpec, returncode: int) -> Failure:
@@ -87,6 +103,8 @@ def restart_cause(failure: Failure, logs: Sequence[str]) -> str | None:
     None (the user's code failed, the time bound, a stop)."""
     if not failure.restartable:
         return None
+    if failure.cause == DEVICE_FAULT:
+        return failure.reason
     if failure.cause == STALL:
         return failure.reason if "stall" in failure.reason else f"the job stalled: {failure.reason}"
     if failure.lost:

@@ -13,11 +13,12 @@ node, the rank, its exit code or signal and the last lines of that rank's log. A
 exits non-zero, when a node stops answering ssh (its container or server died: the collectives would otherwise
 wait for their own, much longer, timeout), when the time bound passes, or when the supervisor is told to stop
 (SIGUSR1 with JOB/stop-reason: a stop asked from the controller; SIGTERM, SIGINT, SIGHUP), or, with
-stall_timeout, when no rank made progress for that long. Then every rank on every node that still answers is
-stopped, and what is left over is reported. It holds the job's claim on each node and releases it at its end;
-the launcher dies with it (a parent-death signal); a status it cannot write ends the job, its last words left
-where the controller reads them. With ``--took-over-from NODE`` it is the job's standby taking the job over
-from its lost first node (:meth:`Supervisor.take_over`).
+stall_timeout, when no rank made progress for that long, or when the telemetry found a device of a node
+turned bad (a device fault: that node is drained, and a restart goes on without it). Then every rank on every
+node that still answers is stopped, and what is left over is reported. It holds the job's claim on each node
+and releases it at its end; the launcher dies with it (a parent-death signal); a status it cannot write ends
+the job, its last words left where the controller reads them. With ``--took-over-from NODE`` it is the job's
+standby taking the job over from its lost first node (:meth:`Supervisor.take_over`).
 
 Its parts, each tested on its own: :class:`StatusFile`; :mod:`~ddp_cluster.supervisor.failures` (what
 mpirun's or torchrun's output says failed, and whether a restart cures it);
@@ -27,7 +28,9 @@ this node does not grow with the node count; a node unheard for liveness_timeout
 not); :mod:`~ddp_cluster.supervisor.recovery` (the restart); :mod:`~ddp_cluster.supervisor.replicas` (rank 0's
 checkpoints copied off this node); :mod:`~ddp_cluster.supervisor.stall` (the progress watchdog);
 :mod:`~ddp_cluster.supervisor.standby` (the second node's standby, which takes the job over when this node is
-lost); and :class:`Supervisor`, which runs the launcher.
+lost); :mod:`~ddp_cluster.supervisor.telemetry` (every node sampled into JOB/telemetry/, device faults);
+:mod:`~ddp_cluster.supervisor.drain` (a node kept out of the next jobs); and :class:`Supervisor`, which runs
+the launcher.
 
 No torch here: the supervisor runs beside the job, in the image's Python.
 """
@@ -62,11 +65,13 @@ from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
 from ddp_cluster.job.status import Status
 from ddp_cluster.runtime import checkpoint_names
+from ddp_cluster.supervisor import drain, recovery, stall, standby, telemetry
 from ddp_cluster.supervisor import jobs as node_claims
-from ddp_cluster.supervisor import recovery, stall, standby
 from ddp_cluster.supervisor.failures import (
+    DEVICE_FAULT,
     TAIL_LINES,
     Failure,
+    device_fault,
     last_line,
     launcher_failure,
     lost_nodes,
@@ -175,6 +180,15 @@ class Supervisor:
         self.progress_at_restart: Any = None
         self.outlived = False  # another node took this job over while this one was cut off
         self._next_ranks_check = 0.0
+        # Every node of the current attempt sampled every telemetry_interval seconds (0: never), in a thread.
+        self.telemetry = telemetry.Sampler(
+            self.job_dir,
+            lambda: list(self.nodes),
+            self.spec.accelerator,
+            self.tag,
+            self.spec.telemetry_interval,
+            lambda node, command, timeout: self.mesh.run(node, command),  # the mesh's own bound
+        )
         # Rank 0's checkpoints copied off this node (supervisor.replicas), to the job's next nodes.
         self.replicator = Replicator(
             self.job_dir,
@@ -261,6 +275,8 @@ class Supervisor:
                 return lost_nodes(lost)
             if stalled := self.stalled(watchdog, tree):
                 return stalled
+            if fault := self.telemetry.fault():
+                return device_fault(fault.node, fault.device, fault.problem)
             for copy in self.replicator.poll():
                 if copy.get("error"):
                     print(
@@ -362,6 +378,8 @@ class Supervisor:
         except StatusWriteError as error:
             return self.cannot_write(error)
         finally:
+            self.telemetry.stop()
+            self.drain_after_gate()
             self.release_claims()
 
     def take_over(self, first: str) -> int:
@@ -398,6 +416,7 @@ class Supervisor:
         except StatusWriteError as error:
             return self.cannot_write(error)
         finally:
+            self.telemetry.stop()
             self.release_claims()
 
     def keep_copies(self, failure: Failure) -> None:
@@ -412,6 +431,7 @@ class Supervisor:
 
     def attempts(self, pool: ThreadPoolExecutor) -> int:
         """Launch, watch, and restart while a restart may cure the failure; the supervisor's exit status."""
+        self.telemetry.start()
         while True:
             if taken := self.renew_claims(pool):
                 said = f"another job claimed {', '.join(taken)} before the launch (its claim lapsed)"
@@ -440,13 +460,50 @@ class Supervisor:
                 self.stop_everything(process, pool, failure.lost)  # the ranks first, then the watch
             finally:
                 tree.stop(end=ending)
+            drained = self.leave_faulty_node(failure) if failure.cause == DEVICE_FAULT else ""
             if recovery.recover(self, failure, pool):
                 self.replicator.retarget(self.replica_nodes())
+                if drained:
+                    self.restarts[-1]["drained"] = [drained]
+                    self.status.write(restarts=self.restarts)
             else:
                 self.replicator.finish(timeout=REPLICAS_WAIT)
                 answering = [node for node in self.nodes if node not in failure.lost]
                 self.report(failure, process.returncode, self.mesh.leftover(answering, self.tag, pool))
                 return 1
+
+    def leave_faulty_node(self, failure: Failure) -> str:
+        """After a device fault on ``failure.node``: the node drained (kept out of the next jobs, with the
+        fault as the reason) and left out of the restart, which fills its place from the spares; the node
+        left ('' when it is this one: the job's supervisor and rank 0 cannot leave it, so no restart)."""
+        node = failure.node or ""
+        reason = f"{failure.reason} (job {self.spec.id})"
+        jobs_dir = node_jobs.jobs_dir(str(self.job_dir))
+        if not drain.drain_remote(self.mesh, node, jobs_dir, reason, f"supervisor on {self.me}"):
+            failure.reason += f"; {node} could not be drained: drain it with jobs.yml -e drain={node}"
+        self.telemetry.forget(node)
+        if node == self.me:
+            failure.restartable = False
+            failure.reason += (
+                f"; not restarted: {node} is the job's first node (its supervisor and rank 0), which a"
+                " restart cannot leave: start the job again (the plan skips the drained node)"
+            )
+            return ""
+        self.status.write(failed_node=node)
+        self.nodes = [item for item in self.nodes if item != node]
+        return node
+
+    def drain_after_gate(self) -> None:
+        """A health gate's end: the nodes its verdict names slow drained (supervisor.drain), said in the
+        supervisor's log."""
+        if self.spec.kind == "train" or self.outlived:
+            return
+        jobs_dir = node_jobs.jobs_dir(str(self.job_dir))
+        with contextlib.suppress(Exception):
+            for line in drain.drain_gate(
+                self.mesh, self.job_dir, jobs_dir, self.spec.id, f"supervisor on {self.me}"
+            ):
+                print(f"health gate {self.spec.id}: {line}", file=sys.stderr, flush=True)
 
     def pool(self) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=min(POOL, max(1, len(self.nodes) + len(self.spec.spares))))

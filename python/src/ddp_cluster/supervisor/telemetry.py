@@ -1,0 +1,153 @@
+"""The job's telemetry, sampled by its supervisor: every ``telemetry_interval`` seconds each node of the job
+runs one command (:func:`ddp_cluster.accelerators.telemetry.sample_script`: the job's processes' CPU and
+memory, the devices' utilisation, memory, temperature, health, ECC errors and links), all nodes at once, and
+its record goes to ``JOB/telemetry/NODE.jsonl`` on this node (the first).
+
+A :class:`Sampler` runs in a thread of its own, so that a slow node or a hung vendor tool never holds the
+supervisor's watch up (each command is bounded: ssh's connect timeout, the tools' own ``timeout``, the
+whole command's). A device that turned bad during the job (:func:`~ddp_cluster.accelerators.telemetry.
+device_faults`: its health no longer OK, new uncorrectable ECC errors, an NPU link down) is kept as the
+sampler's :meth:`~Sampler.fault`, which the watch reads at its next poll and ends the attempt with.
+
+Standard library only: it runs in the node image beside the job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddp_cluster.accelerators import telemetry
+from ddp_cluster.supervisor.remote import COMMAND_TIMEOUT, POOL, pattern
+
+FOLDER = "telemetry"
+# Seconds one node's sample may take in all (its vendor tools are bounded on their own, see
+# accelerators.telemetry.TOOL_TIMEOUT): the mesh's bound of a command.
+SAMPLE_TIMEOUT = float(COMMAND_TIMEOUT)
+UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+# (node, command, timeout) -> what the command printed ('' when the node did not answer).
+Runner = Callable[[str, str, float], str]
+
+
+def file_name(node: str) -> str:
+    """A node's telemetry file name: NODE.jsonl, any character outside [A-Za-z0-9_.-] replaced by '_'."""
+    return UNSAFE_NAME.sub("_", node) + ".jsonl"
+
+
+@dataclass(frozen=True)
+class DeviceFault:
+    """A device that turned bad during the job: where, which, and what its tools said."""
+
+    node: str
+    device: int
+    problem: str
+    at: float
+
+
+class Sampler:
+    """Samples ``nodes()`` (the current attempt's) every ``interval`` seconds into ``job_dir/telemetry/``."""
+
+    def __init__(
+        self,
+        job_dir: Path,
+        nodes: Callable[[], Sequence[str]],
+        accelerator: str,
+        tag: str,
+        interval: float,
+        run: Runner,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.folder = job_dir / FOLDER
+        self.nodes = nodes
+        self.interval = interval
+        self.run = run
+        self.clock = clock
+        self.command = telemetry.sample_script(pattern(tag), accelerator)
+        self.timeout = SAMPLE_TIMEOUT
+        self._before: dict[str, telemetry.Sample] = {}  # each node's last sample (CPU use since then)
+        self._first: dict[str, dict[int, dict[str, Any]]] = {}  # each device's first reading in the job
+        self._fault: DeviceFault | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- the thread ------------------------------------------------------------------------------------
+    def start(self) -> Sampler:
+        """Start sampling (once; a second call does nothing)."""
+        if self.interval > 0 and self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout + 5)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.sample()
+            except Exception as error:  # a sample that fails is lost, never the job
+                print(f"telemetry: a sample failed: {error}", flush=True)
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
+
+    # --- one sample ------------------------------------------------------------------------------------
+    def sample(self) -> list[dict[str, Any]]:
+        """Sample every node once, in parallel; the records written (one per node that answered)."""
+        nodes = list(self.nodes())
+        if not nodes:
+            return []
+        with ThreadPoolExecutor(max_workers=min(POOL, len(nodes))) as pool:
+            answers = list(pool.map(lambda node: self.run(node, self.command, self.timeout), nodes))
+        at = self.clock()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for node, text in zip(nodes, answers, strict=True):
+            sample = telemetry.read_sample(text)
+            if sample is None:
+                continue  # no answer: the liveness watch judges the node, not the telemetry
+            written.append(self.note(node, at, sample))
+        return written
+
+    def note(self, node: str, at: float, sample: telemetry.Sample) -> dict[str, Any]:
+        """One node's sample: its record appended to its file, its devices checked against their first
+        reading."""
+        record = telemetry.record(node, at, sample, self._before.get(node))
+        self._before[node] = sample
+        with open(self.folder / file_name(node), "a", encoding="utf-8") as out:
+            out.write(json.dumps(record, sort_keys=True) + "\n")
+        first = self._first.setdefault(node, {})
+        faults = telemetry.device_faults(first, sample.devices)
+        for device in sample.devices:
+            first.setdefault(int(device["index"]), dict(device))
+        if faults:
+            with self._lock:
+                if self._fault is None:
+                    index, problem = faults[0]
+                    self._fault = DeviceFault(node, index, problem, at)
+        return record
+
+    # --- what the watch reads --------------------------------------------------------------------------
+    def fault(self) -> DeviceFault | None:
+        """The first device that turned bad, if one did (until :meth:`forget`)."""
+        with self._lock:
+            return self._fault
+
+    def forget(self, node: str) -> None:
+        """The fault found, and ``node``'s readings, forgotten: the node left the job (drained)."""
+        with self._lock:
+            self._fault = None
+        self._before.pop(node, None)
+        self._first.pop(node, None)
