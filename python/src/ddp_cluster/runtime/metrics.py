@@ -35,9 +35,10 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 TENSORBOARD_VARIABLE = "DDP_TENSORBOARD_DIR"
 TENSORBOARD_SUBDIR = "tensorboard"  # under the output directory, when the variable is not set
-# The writer's thread writes each event to its file and flushes the file at most this many seconds later: a
-# sync mid-run sees the steps logged until a second before. Each record is flushed at once too, but
-# tensorboardX's flush does not wait for its thread to have written the events (torch's writer's flush does).
+# The writer's thread writes each event to its file at once and flushes the file at most this many seconds
+# later: a sync mid-run sees the steps logged until a second before. No flush of ours at each record: a call
+# to tensorboardX's flush does not wait for its thread to have written the events, so it would promise nothing
+# more, and it costs some 0.85 ms a record against 0.15 ms for the four scalars.
 TENSORBOARD_FLUSH_SECONDS = 1
 TENSORBOARD_TAGS: dict[str, dict[str, str]] = {
     "step": {
@@ -79,7 +80,7 @@ def tensorboardx_writer() -> WriterFactory | None:
 
 class TensorBoard:
     """Rank 0's event files: each metrics record's numbers as scalars at the record's step
-    (:data:`TENSORBOARD_TAGS`), flushed at once.
+    (:data:`TENSORBOARD_TAGS`), on disk within :data:`TENSORBOARD_FLUSH_SECONDS`.
 
     It never stops training: without a writer package (a user's own image), or when a write fails (a full
     disk), it says so once on rank 0's log and writes no more.
@@ -140,7 +141,6 @@ class TensorBoard:
                 value = record.get(field)
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._writer.add_scalar(tag, float(value), step)
-            self._writer.flush()
         except Exception as error:  # whatever the writer raises, training goes on
             self._fail("write", error)
 
