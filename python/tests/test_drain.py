@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from ddp_cluster.job import node_jobs
+from ddp_cluster.job.transport import Done, Unreachable
 from ddp_cluster.supervisor import drain, jobs, recovery, remote
 
 PRINTING = threading.Lock()
@@ -395,3 +396,69 @@ def test_a_restart_passes_over_a_drained_spare_and_takes_the_next(
     assert recovery.spare_free(supervisor, "s1", passed) is True and passed == ["s0"]
     claimed = jobs.read_claim(str(folders["s1"]))
     assert claimed is not None and claimed.job == "J1"
+
+
+# --- the controller's side (the ddp_jobs_drain action's logic), through a stand-in transport ---
+
+
+class Server:
+    """A node's server: answers ``output`` (or does not answer at all) and keeps the commands."""
+
+    def __init__(self, output: str = "", rc: int = 0, unreachable: bool = False) -> None:
+        self.output, self.rc, self.unreachable = output, rc, unreachable
+        self.commands: list[str] = []
+
+    def run(self, command: str) -> Done:
+        self.commands.append(command)
+        if self.unreachable:
+            raise Unreachable("ssh: connect to host s0 port 22: Connection refused")
+        return Done(self.rc, self.output, "")
+
+    def put(self, local: str) -> str:
+        raise AssertionError("nothing is copied")
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_controller_drains_in_the_nodes_container_and_says_what_it_did() -> None:
+    record = {"node": "n1", "reason": "bad fan", "since": "T1", "by": "ops"}
+    server = Server(drain_output({"drained": record, "was": None, "changed": True}, []))
+    said: list[str] = []
+    result = node_jobs.drain_node(
+        server, "n1", "/workspace/jobs", False, "bad fan", "ops", False, said.append
+    )
+    assert result["changed"] is True and said == [result["msg"]]
+    (command,) = server.commands
+    inner = shlex.split(command)[-1]
+    assert command.startswith("docker exec n1 /bin/bash -c ") and "--drain --reason 'bad fan'" in inner
+    assert f"python -m {node_jobs.MODULE}" in inner  # then the node's report: is a job running there?
+    down = node_jobs.drain_node(Server(unreachable=True), "n1", "/w", True, "", "ops", False, said.append)
+    assert down["unreachable"] is True and "Connection refused" in down["msg"]
+
+
+def test_the_plan_reads_every_nodes_record_through_one_node() -> None:
+    record = {"node": "n1", "reason": "bad fan", "since": "T1", "by": "ops"}
+    server = Server(json.dumps({"drained": {"n1": record}, "unknown": ["n2"]}) + "\n")
+    warned: list[str] = []
+    read = node_jobs.read_drained(server, "n0", "/workspace/jobs", ["n0", "n1", "n2"], warned.append)
+    assert read["drained"] == {"n1": record} and read["unknown"] == ["n2"] and warned == []
+    (command,) = server.commands
+    assert command.startswith("docker exec n0 ") and "--show --nodes n0,n1,n2" in command
+    failed = node_jobs.read_drained(Server("boom", rc=1), "n0", "/w", ["n0"], warned.append)
+    assert "drained" not in failed and "could not be read through n0: boom" in warned[-1]
+    gone = node_jobs.read_drained(Server(unreachable=True), "n0", "/w", ["n0"], warned.append)
+    assert "drained" not in gone and "Connection refused" in warned[-1]
+
+
+def test_after_a_gate_the_controller_says_which_nodes_were_drained() -> None:
+    line = "drained: n2 (health gate G1: node n2 is slow: ...)"
+    server = Server(json.dumps({"lines": [line], "changed": True}) + "\n")
+    said: list[str] = []
+    warned: list[str] = []
+    plan = {"id": "G1", "job_dir": "/workspace/jobs/G1"}
+    result = node_jobs.drain_after_gate(server, plan, "n0", "ops", False, said.append, warned.append)
+    assert result == {"changed": True, "lines": [line]} and said == [line] and warned == []
+    assert "--gate G1" in server.commands[0] and "--jobs-dir /workspace/jobs" in server.commands[0]
+    quiet = node_jobs.drain_after_gate(Server("oops"), plan, "n0", "ops", False, said.append, warned.append)
+    assert quiet == {"changed": False, "lines": []} and "gave no answer" in warned[-1]

@@ -16,12 +16,12 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ddp_cluster.job import status as job_status
-from ddp_cluster.job.transport import Transport, in_container
+from ddp_cluster.job.transport import Transport, Unreachable, in_container
 
 MODULE = "ddp_cluster.supervisor.jobs"
 # The node image's environment (its Python, the package): docker exec starts no login shell.
@@ -250,6 +250,77 @@ def drain_result(node: str, undrain: bool, check: bool, output: str, rc: int) ->
     else:
         msg += f". The next jobs skip it; ansible-playbook jobs.yml -e undrain={node} gives it back"
     return {"changed": not check and not same, "msg": msg, "drained": now, "busy": running}
+
+
+def drain_node(
+    transport: Transport,
+    node: str,
+    jobs: str,
+    undrain: bool,
+    reason: str,
+    by: str,
+    check: bool,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """The ``ddp_jobs_drain`` action on ``node``: drain (or undrain) it with :func:`drain_command`, say what
+    was done (:func:`drain_result`); its result."""
+    line = drain_command(jobs, undrain, reason, by, check)
+    try:
+        done = transport.run(in_container(node, line, shell="/bin/bash"))
+    except Unreachable as error:
+        return {"unreachable": True, "msg": f"{node}'s server does not answer: {error}"}
+    answer = drain_result(node, undrain, check, done.stdout, done.rc)
+    if not answer.get("failed"):
+        say(str(answer["msg"]))
+    return answer
+
+
+def read_drained(
+    transport: Transport, via: str, jobs: str, nodes: Sequence[str], warn: Callable[[str], None]
+) -> dict[str, Any]:
+    """Every node's drain record, asked through the node ``via`` over the cluster's mesh
+    (:func:`show_command`): ``drained`` (node -> record) and ``unknown`` (the nodes that did not answer).
+    When ``via`` cannot be asked, ``drained`` is absent and ``warn`` says why (no failure: each node's own
+    check before the start refuses a drained node)."""
+    listed = [str(node) for node in nodes]
+    try:
+        done = transport.run(in_container(via, show_command(jobs, listed), shell="/bin/bash"))
+    except Unreachable as error:
+        warn(f"the drained nodes could not be read through {via}: {error}")
+        return {"changed": False, "nodes": listed}
+    answer = parse(done.stdout)
+    if answer is None or not isinstance(answer.get("drained"), dict):
+        warn(f"the drained nodes could not be read through {via}: {done.said(200)}")
+        return {"changed": False, "nodes": listed}
+    return {"changed": False, "nodes": listed, "drained": answer["drained"], "unknown": answer.get("unknown")}
+
+
+def drain_after_gate(
+    transport: Transport,
+    plan: Mapping[str, Any],
+    node: str,
+    by: str,
+    check: bool,
+    say: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> dict[str, Any]:
+    """After health gate ``plan``, from its first node ``node``: the nodes its verdict names slow drained
+    (:func:`gate_drain_command`), each said as ``drained: NODE (reason)``. Never a failure (the report says
+    the gate's verdict): what could not be done is a warning."""
+    job = str(plan["id"])
+    line = gate_drain_command(jobs_dir(str(plan["job_dir"])), job, by, check)
+    try:
+        done = transport.run(in_container(node, line, shell="/bin/bash"))
+    except Unreachable as error:
+        warn(f"health gate {job}: its failing nodes could not be drained: {error}")
+        return {"changed": False, "lines": []}
+    answer = parse(done.stdout) or {}
+    lines = [str(text) for text in answer.get("lines") or []]
+    for text in lines:
+        say(text)
+    if not answer:
+        warn(f"health gate {job}: the drain of its failing nodes gave no answer ({done.said(200)})")
+    return {"changed": bool(answer.get("changed")), "lines": lines}
 
 
 def _started(found: Mapping[str, Any]) -> str:
