@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddp_cluster.cli import main as ddp_cluster
+from ddp_cluster.job import plot
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -86,3 +87,50 @@ def test_missing_matplotlib_is_explained(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "needs matplotlib: pip install 'ddp-cluster[plot]'" in result.stderr
+
+
+def telemetry_file(folder: Path, node: str, records: list[dict[str, object]], tail: str = "") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{node}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+
+
+def npu_record(node: str, at: float, utilization: float, problem: str | None = None) -> dict[str, object]:
+    device = {"index": 0, "kind": "npu", "utilization_percent": utilization, "memory_used_mb": 3000.0,
+              "memory_total_mb": 65536.0, "temperature_c": 40.0, "health": "ok", "ecc_uncorrectable": None,
+              "link": "up", "problem": problem}  # fmt: skip
+    second = device | {"index": 1, "utilization_percent": 0.0, "temperature_c": 50.0}
+    processes = {"count": 2, "cpu_percent": 180.0, "rss_mb": 900.0}
+    return {"time": at, "node": node, "processes": processes, "devices": [device, second]}
+
+
+def test_telemetry_is_read_per_node_skipping_torn_lines_and_links(tmp_path: Path) -> None:
+    folder = tmp_path / "telemetry"
+    telemetry_file(
+        folder, "n0", [npu_record("n0", 20.0, 50.0), npu_record("n0", 5.0, 40.0)], tail='{"time": 3'
+    )
+    (folder / "n1.jsonl").symlink_to(folder / "n0.jsonl")
+    found = plot.read_telemetry(folder)
+    assert list(found) == ["n0"] and [record["time"] for record in found["n0"]] == [5.0, 20.0]
+    assert plot.read_telemetry(tmp_path / "none") == {}
+
+
+def test_telemetry_series_take_the_devices_mean_sum_and_hottest(tmp_path: Path) -> None:
+    records = [npu_record("n0", 60.0, 80.0), npu_record("n0", 120.0, 60.0, problem="health alarm")]
+    series = plot.telemetry_series(records, start=0.0)
+    assert series["cpu"] == [(1.0, 180.0), (2.0, 180.0)]
+    assert series["utilization"] == [(1.0, 40.0), (2.0, 30.0)]
+    assert series["memory"] == [(1.0, 6000.0), (2.0, 6000.0)]
+    assert series["temperature"] == [(1.0, 50.0), (2.0, 50.0)]
+    assert series["problems"] == [(2.0, 30.0)]
+
+
+@pytest.mark.parametrize("devices", [True, False])
+def test_telemetry_is_drawn(tmp_path: Path, devices: bool) -> None:
+    records = [npu_record("n0", float(at), 50.0) for at in range(0, 100, 10)]
+    if not devices:
+        records = [{**record, "devices": []} for record in records]
+    out = tmp_path / "out" / "telemetry.png"
+    plot.plot_telemetry({"n0": records, "n1": records}, out, title="j: telemetry")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(plot.PlotError, match="no telemetry"):
+        plot.plot_telemetry({}, out, title="x")

@@ -432,3 +432,31 @@ def test_of_many_members_left_out_the_first_few_are_named_and_the_rest_counted(t
     ]
     [warning] = results.lay_out(run, "node0", ["node0"]).warnings
     assert warning.endswith(f"../x4 (a path outside the node's directory) and {40 - results.SHOWN} more")
+
+
+def test_the_first_nodes_telemetry_is_laid_out_beside_the_output(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "j9"
+    record = '{"time": 1.0, "node": "node1"}\n'
+    node_archive(run, "node0", {"telemetry/node0.jsonl": record, "telemetry/node1.jsonl": record})
+    node_archive(run, "node1", {"telemetry/node1.jsonl": "a stale copy on another node\n"})
+    assert results.lay_out(run, "node0", ["node0", "node1"]) == results.LaidOut()
+    assert sorted(path.name for path in (run / "telemetry").iterdir()) == ["node0.jsonl", "node1.jsonl"]
+    assert (run / "telemetry" / "node1.jsonl").read_text() == record  # the first node's, not node1's own
+
+
+def test_telemetry_takes_only_regular_node_files_never_a_link(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "j10"
+    (run / "plan.json").parent.mkdir(parents=True)
+    (run / "plan.json").write_text("the controller's\n")
+    members = [
+        entry("telemetry", tarfile.DIRTYPE),
+        entry("telemetry/node0.jsonl"),
+        # Safe inside the node's directory (nodes/node0/plan.json), but from runs/j10/telemetry/ it would read
+        # the controller's plan.json.
+        entry("telemetry/node1.jsonl", tarfile.SYMTYPE, "../plan.json"),
+        entry("telemetry/notes.txt"),
+    ]
+    raw_archive(run, "node0", members)
+    results.lay_out(run, "node0", ["node0"])
+    assert sorted(path.name for path in (run / "telemetry").iterdir()) == ["node0.jsonl"]
+    assert (run / "nodes" / "node0" / "telemetry" / "notes.txt").is_file()

@@ -390,3 +390,30 @@ def test_a_fault_on_the_first_node_ends_the_job_and_a_failed_drain_is_said(
     assert not failure.restartable and stub.nodes == ["node0", "node1"]
     assert "node0 could not be drained: drain it with jobs.yml -e drain=node0" in failure.reason
     assert "not restarted: node0 is the job's first node" in failure.reason
+
+
+# --- the report -------------------------------------------------------------------------------------------
+def test_the_report_draws_the_telemetry_and_names_a_device_problem(tmp_path: Path) -> None:
+    from test_jobreport import archive, planned
+
+    from ddp_cluster.job import report as jobreport
+    from ddp_cluster.job.status import Status
+
+    run_dir = planned(tmp_path)
+    fault = "device-fault: node s1 device 2: health alarm (npu-smi)"
+    failed = Status(state="failed", reason=fault, failed_node="s1")
+    ok = {"index": 2, "kind": "npu", "health": "ok", "problem": None, "utilization_percent": 90.0}
+    bad = ok | {"health": "alarm", "problem": "health alarm"}
+    lines = [
+        {"time": 100.0, "node": "s1", "processes": {"count": 2, "cpu_percent": 150.0, "rss_mb": 800.0},
+         "devices": [ok]},
+        {"time": 160.0, "node": "s1", "processes": {"count": 2, "cpu_percent": 150.0, "rss_mb": 800.0},
+         "devices": [bad]},
+    ]  # fmt: skip
+    telemetry_lines = "".join(json.dumps(line) + "\n" for line in lines)
+    archive(run_dir, "s0", {"status.json": failed.dumps(), "telemetry/s1.jsonl": telemetry_lines})
+    done = jobreport.report(run_dir)
+    assert done.failure.startswith(f"job j1 failed: {fault} (node s1)")
+    assert f"telemetry: 1 node(s), 2 sample(s): {run_dir / 'telemetry'}" in done.lines[-2]
+    assert done.lines[-1] == "device problem: s1 device 2: health alarm (first seen 1.0 min into the job)"
+    assert (run_dir / "output" / "telemetry.png").read_bytes()[:4] == b"\x89PNG"

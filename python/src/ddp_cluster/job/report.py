@@ -12,7 +12,10 @@ into ``RUN_DIR/.incoming/``; a user can run it again on any run directory. In or
 4. a health gate's results (``output/health.json``, :mod:`ddp_cluster.health.judge`; a preflight gate's also
    kept as the job's ``runs/<id>/output/health.json``);
 5. on failure, the node, the rank, the exit status, the failed rank's last lines and the doctor's likely
-   causes (:mod:`ddp_cluster.job.doctor`).
+   causes (:mod:`ddp_cluster.job.doctor`);
+6. the telemetry the supervisor sampled (``telemetry/NODE.jsonl``): drawn beside the loss curve
+   (``output/telemetry.png``), and each device problem it saw named (node, device, what, when); a device
+   that turned bad during the job ended its attempt as a device fault, which the status's reason names.
 
 :func:`report` returns the lines to print, the warnings (what a step after the job could not do: never a
 failure of a job that succeeded), the one-line failure (empty on success) and the exit status (0, or 1).
@@ -34,6 +37,7 @@ from ddp_cluster.job import doctor, plan, results, status
 from ddp_cluster.runtime.metrics import METRICS_FILE, SUMMARY_FILE
 
 PLOT_FILE = "loss.png"
+TELEMETRY_PLOT = "telemetry.png"
 # A stop asked with jobs.yml -e stop=ID is not the job's failure (Ctrl-C in train.yml is: it exits non-zero).
 STOPPED_BY_JOBS = "stopped with jobs.yml"
 DOCTOR_WIDTH = 110
@@ -95,6 +99,44 @@ def _plot(run_dir: Path, report: Report, wanted: bool) -> None:
     except Exception as error:  # no step after the job may fail it: said as a warning
         said = str(error).strip().splitlines()
         report.warnings.append(f"no loss curve: ddp-cluster plot: error: {said[-1] if said else repr(error)}")
+
+
+def _telemetry(run_dir: Path, report: Report) -> list[str]:
+    """The telemetry's lines (where it is, the devices' problems, each the first time it was seen), and
+    output/telemetry.png drawn (a warning when it cannot be)."""
+    folder = run_dir / results.TELEMETRY
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    from ddp_cluster.job import plot  # matplotlib, only when there is telemetry to draw
+
+    found = plot.read_telemetry(folder)
+    if not found:
+        return []
+    samples = sum(len(records) for records in found.values())
+    drawn = output_dir(run_dir) / TELEMETRY_PLOT
+    lines = [f"telemetry: {len(found)} node(s), {samples} sample(s): {folder} (drawn: {drawn})"]
+    start = min(records[0]["time"] for records in found.values())
+    seen: set[tuple[str, Any, str]] = set()
+    for node, records in sorted(found.items()):
+        for record in records:
+            for device in record.get("devices") or []:
+                said = device.get("problem") if isinstance(device, Mapping) else None
+                if said and (node, device.get("index"), said) not in seen:
+                    seen.add((node, device.get("index"), said))
+                    minutes = (float(record["time"]) - start) / 60
+                    lines.append(
+                        f"device problem: {node} device {device.get('index')}: {said}"
+                        f" (first seen {minutes:.1f} min into the job)"
+                    )
+    if drawn.is_symlink() or drawn.is_dir():
+        report.warnings.append(f"no telemetry plot: {drawn} is a link or a folder (never written through)")
+        return lines
+    try:
+        plot.plot_telemetry(found, drawn, title=f"{run_dir.name}: telemetry")
+    except Exception as error:  # no step after the job may fail it: said as a warning
+        said_lines = str(error).strip().splitlines()
+        report.warnings.append(f"no telemetry plot: {said_lines[-1] if said_lines else repr(error)}")
+    return lines
 
 
 def _failure_lines(label: str, run_dir: Path, found: status.Status | None) -> list[str]:
@@ -171,6 +213,7 @@ def report(run_dir: Path) -> Report:
         most = found.max_restarts if found else 0
         out.lines += [f"{label}: {len(restarts)} restart(s) of max_restarts={most}:"]
         out.lines += [f"  {line}" for line in restarts]
+    watched = _telemetry(run_dir, out)
     if kind == "train":
         _plot(run_dir, out, wanted=succeeded)
         if succeeded:
@@ -193,11 +236,13 @@ def report(run_dir: Path) -> Report:
                 f"resumed from {resumed}" if resumed else "started fresh",
                 gate,
                 f"results: {run_dir} (the job's output: {output_dir(run_dir)})",
+                *watched,
             ]
             return out
     elif succeeded:
+        out.lines += watched
         return _gate(run_dir, label, kind, out)
-    out.lines += _failure_lines(label, run_dir, found)
+    out.lines += [*_failure_lines(label, run_dir, found), *watched]
     if found is not None and found.interrupted.startswith(STOPPED_BY_JOBS):
         out.lines.append(f"{label}: stopped as asked ({found.interrupted}); what there was: {run_dir}")
         return out

@@ -11,6 +11,8 @@ stdout.log`` (then ``stderr.log``). The supervisor reads them there (:func:`mpir
     runs/<job-id>/nodes/<node>/...            every node's job directory
     runs/<job-id>/logs/rank.R.log             each rank's log (R: the global rank)
     runs/<job-id>/logs/agent.N.log            torchrun / torch_npu_run: node N's agent
+    runs/<job-id>/telemetry/NODE.jsonl        the supervisor's samples of each node (the first node's
+                                              telemetry/; regular files NODE.jsonl only)
     runs/<job-id>/status.json                 the supervisor's last status
     runs/<job-id>/plan.json                   the plan (the controller's own, as are status.json and logs/)
 
@@ -44,6 +46,10 @@ LOGS = "logs"
 # controller's own files (plan.json, status.json, logs/, nodes/).
 OUTPUT = "output"
 NODES = "nodes"
+# The supervisor's samples of every node (JOB/telemetry/NODE.jsonl on the first node), laid out in
+# runs/<job-id>/telemetry/.
+TELEMETRY = "telemetry"
+TELEMETRY_FILE = re.compile(r"^[A-Za-z0-9_.-]+\.jsonl$")
 # How many of the members left out a warning names.
 SHOWN = 5
 # The members read from one node's archive at most: each costs a file, and a name held while it unpacks, and
@@ -260,6 +266,21 @@ def _merge_output(source: Path, output: Path) -> None:
     source.rmdir()
 
 
+def _merge_telemetry(source: Path, telemetry: Path) -> None:
+    """The first node's telemetry files moved to runs/<id>/telemetry/: regular files named NODE.jsonl only
+    (a link, a folder or another name is left in the node's directory: a link that was safe there could
+    lead elsewhere from here)."""
+    if not source.is_dir() or source.is_symlink():
+        return
+    for item in sorted(source.iterdir()):
+        if TELEMETRY_FILE.match(item.name) and _regular(item):
+            telemetry.mkdir(exist_ok=True)
+            destination = telemetry / item.name
+            if destination.is_symlink() or destination.is_dir():
+                continue  # never written through, never over a folder
+            shutil.move(str(item), destination)
+
+
 def lay_out(run_dir: Path, first: str, nodes: Sequence[str], torchrun_nproc: int | None = None) -> LaidOut:
     """Unpack each node's archive (``run_dir/.incoming/<node>.tar.gz``) under ``run_dir`` (see the module's
     text). Never raises on what a job left: unsafe members are left out and a cut archive laid out as far as
@@ -301,6 +322,8 @@ def lay_out(run_dir: Path, first: str, nodes: Sequence[str], torchrun_nproc: int
         merged = node == first and output.is_dir() and not output.is_symlink()
         if merged:
             _merge_output(output, run_dir / OUTPUT)
+        if node == first:
+            _merge_telemetry(target / TELEMETRY, run_dir / TELEMETRY)
         if got.broken:
             where = f"{run_dir / OUTPUT} (its output) and {target}" if merged else str(target)
             done.warnings.append(
