@@ -301,6 +301,26 @@ def test_the_command_prints_lines_then_its_summary(job: Path, capsys: pytest.Cap
     assert answer.first == me and answer.state == "running" and set(answer.offsets) == {"1"}
 
 
+def test_the_command_runs_itself_on_the_supervisor_s_node_once(
+    job: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    me = socket.gethostname()
+    write(job / "job.json", make_spec(nodes=[me], nproc_per_node=2, job_dir=str(job)).dumps())
+    asked: list[str] = []
+
+    class Forwarding(ShellMesh):
+        def ssh(self, node: str, *options: str) -> list[str]:
+            asked.append(node)
+            return super().ssh(node, *options)
+
+    monkeypatch.setattr(logs, "Mesh", Forwarding)
+    # an earlier answer named "elsewhere": the command goes there (a shell here) and answers there, not again
+    assert logs.main(["j1", "--jobs-dir", str(job.parent), "--tail", "1", "--first", "elsewhere"]) == 0
+    answer = job_logs.parse_answer(capfd.readouterr().out)
+    assert asked == ["elsewhere"]
+    assert answer.lines == [f"[{me} rank 0] r0 token ***", f"[{me} rank 1] r1 b"]
+
+
 def test_the_command_names_a_job_no_node_has(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     me = socket.gethostname()
     assert logs.main(["nosuch", "--jobs-dir", str(tmp_path), "--nodes", me]) == 3
