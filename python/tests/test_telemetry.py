@@ -417,3 +417,25 @@ def test_the_report_draws_the_telemetry_and_names_a_device_problem(tmp_path: Pat
     assert f"telemetry: 1 node(s), 2 sample(s): {run_dir / 'telemetry'}" in done.lines[-2]
     assert done.lines[-1] == "device problem: s1 device 2: health alarm (first seen 1.0 min into the job)"
     assert (run_dir / "output" / "telemetry.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_npu_links_are_asked_every_few_samples_and_a_link_down_is_a_fault(tmp_path: Path) -> None:
+    table = (DATA / "npu_smi_info_910b3_8p.txt").read_text()
+    link = {"state": "UP"}
+    asked: list[bool] = []
+
+    def run(node: str, command: str, timeout: float) -> str:
+        asked.append("@@hccn" in command)
+        hccn = "".join(
+            f"{index} link status: {link['state'] if index == 6 else 'UP'}\n" for index in range(8)
+        )
+        return answer(10.0, devices=f"@@npu-smi\n{table}" + (f"@@hccn\n{hccn}" if asked[-1] else ""))
+
+    sampling = sampler.Sampler(tmp_path, lambda: ["n0"], "npu", "/x/", 15.0, run, clock=lambda: 5.0)
+    for _ in range(sampler.LINKS_EVERY + 1):
+        sampling.sample()
+        link["state"] = "DOWN"  # from the second sample on, which does not ask
+    assert asked == [True] + [False] * (sampler.LINKS_EVERY - 1) + [True]
+    assert sampling.fault() == sampler.DeviceFault("n0", 6, "link down (hccn_tool)", 5.0)
+    records = [json.loads(line) for line in (tmp_path / "telemetry" / "n0.jsonl").read_text().splitlines()]
+    assert [record["devices"][6]["link"] for record in records] == ["up", None, None, None, "down"]

@@ -20,6 +20,8 @@ A record (one JSON line of ``JOB/telemetry/NODE.jsonl``)::
      "devices": [{"index", "kind": "gpu"|"npu", "utilization_percent", "memory_used_mb", "memory_total_mb",
                   "temperature_c", "health": "ok"|"warning"|"alarm"|"critical"|"unknown",
                   "ecc_uncorrectable": int|None, "link": "up"|"down"|None, "problem": str|None}]}
+
+``link`` is None where the sample did not ask (GPUs; an NPU sample between two that ask the links).
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
 HEALTHY = ("ok",)
 
 
-def sample_script(pattern: str, accelerator: str) -> str:
+def sample_script(pattern: str, accelerator: str, links: bool = True) -> str:
     """The ``sh`` command of one sample: ``pattern`` is pgrep's pattern of the job's processes (written so
-    that it does not match this command itself: ``[/]workspace/jobs/ID/``); ``accelerator``: cpu, gpu, npu."""
+    that it does not match this command itself: ``[/]workspace/jobs/ID/``); ``accelerator``: cpu, gpu, npu;
+    ``links``: npu, each device's link asked too (one hccn_tool per device: the sampler asks every few
+    samples, see supervisor.telemetry.LINKS_EVERY)."""
     limit = f'T="timeout {TOOL_TIMEOUT}"; command -v timeout >/dev/null 2>&1 || T=""'
     lines = [
         limit,
@@ -64,6 +68,9 @@ def sample_script(pattern: str, accelerator: str) -> str:
         lines += [
             "echo @@npu-smi",
             f'info=$($T {shlex.join(npu.TELEMETRY_ARGV)} 2>&1); printf "%s\\n" "$info"',
+        ]
+    if accelerator == "npu" and links:
+        lines += [
             "echo @@hccn",
             f"h=$(command -v hccn_tool || echo {HCCN_TOOL})",
             'if [ -x "$h" ]; then for i in $(printf "%s\\n" "$info" | awk -F"|" '

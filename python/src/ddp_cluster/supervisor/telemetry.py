@@ -31,6 +31,9 @@ FOLDER = "telemetry"
 # Seconds one node's sample may take in all (its vendor tools are bounded on their own, see
 # accelerators.telemetry.TOOL_TIMEOUT): the mesh's bound of a command.
 SAMPLE_TIMEOUT = float(COMMAND_TIMEOUT)
+# An NPU node's links are asked every this many samples (one hccn_tool per device costs more than the rest
+# of a sample): a link that goes down is seen within LINKS_EVERY x telemetry_interval seconds.
+LINKS_EVERY = 4
 UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 # (node, command, timeout) -> what the command printed ('' when the node did not answer).
@@ -70,7 +73,11 @@ class Sampler:
         self.interval = interval
         self.run = run
         self.clock = clock
-        self.command = telemetry.sample_script(pattern(tag), accelerator)
+        self.commands = (
+            telemetry.sample_script(pattern(tag), accelerator, links=True),
+            telemetry.sample_script(pattern(tag), accelerator, links=False),
+        )
+        self.rounds = 0
         self.timeout = SAMPLE_TIMEOUT
         self._before: dict[str, telemetry.Sample] = {}  # each node's last sample (CPU use since then)
         self._first: dict[str, dict[int, dict[str, Any]]] = {}  # each device's first reading in the job
@@ -109,8 +116,10 @@ class Sampler:
         nodes = list(self.nodes())
         if not nodes:
             return []
+        command = self.commands[0 if self.rounds % LINKS_EVERY == 0 else 1]
+        self.rounds += 1
         with ThreadPoolExecutor(max_workers=min(POOL, len(nodes))) as pool:
-            answers = list(pool.map(lambda node: self.run(node, self.command, self.timeout), nodes))
+            answers = list(pool.map(lambda node: self.run(node, command, self.timeout), nodes))
         at = self.clock()
         self.folder.mkdir(parents=True, exist_ok=True)
         written = []
@@ -131,7 +140,9 @@ class Sampler:
         first = self._first.setdefault(node, {})
         faults = telemetry.device_faults(first, sample.devices)
         for device in sample.devices:
-            first.setdefault(int(device["index"]), dict(device))
+            base = first.setdefault(int(device["index"]), dict(device))
+            if base.get("link") is None and device.get("link") is not None:
+                base["link"] = device["link"]  # its first sample that asked the links
         if faults:
             with self._lock:
                 if self._fault is None:
