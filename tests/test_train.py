@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO, PlaybookResult, docker, node_exec, run_playbook, start_train
 
@@ -61,6 +62,16 @@ def test_two_nodes_train_digits(local_cluster: PlaybookResult, launcher: str) ->
     assert_results(job, world_size=2)
     assert summary(job)["accuracy"] >= 0.9
     assert f"job {job}: succeeded" in result.stdout
+    # Rank 0's TensorBoard event files, collected where `tensorboard --logdir runs/` finds them, hold the
+    # loss at the steps of metrics.jsonl and the test accuracy of summary.json.
+    output = RUNS / job / "output"
+    assert list((output / "tensorboard").glob("events.out.tfevents.*")), sorted(output.rglob("*"))
+    events = EventAccumulator(str(output / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    logged = [row["step"] for row in rows if row["kind"] == "step"]
+    assert [event.step for event in events.Scalars("train/loss")] == logged and logged
+    assert events.Scalars("eval/accuracy")[-1].value == pytest.approx(summary(job)["accuracy"])
     assert "final loss:" in result.stdout and "samples/s:" in result.stdout
     # The plan, the progress and the summary; no skipped task.
     assert f"job {job}: {launcher} on node0, node1" in result.stdout
