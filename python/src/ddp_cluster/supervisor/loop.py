@@ -265,6 +265,11 @@ class Supervisor:
                 if lost := tree.lost() or self.mesh.down_now(others, pool):
                     self.forget(lost)
                     return lost_nodes(lost, f"{failure.reason} on {failure.node or 'a node'}")
+                # A device that went bad makes its ranks fail too: the telemetry's finding names the cause.
+                if fault := self.telemetry.fault():
+                    found = device_fault(fault.node, fault.device, fault.problem)
+                    found.reason += f"; then {failure.reason} on {failure.node or 'a node'}"
+                    return found
                 return failure
             if time.time() - self.started > self.spec.timeout:
                 return Failure(

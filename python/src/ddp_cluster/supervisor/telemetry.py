@@ -34,6 +34,8 @@ SAMPLE_TIMEOUT = float(COMMAND_TIMEOUT)
 # An NPU node's links are asked every this many samples (one hccn_tool per device costs more than the rest
 # of a sample): a link that goes down is seen within LINKS_EVERY x telemetry_interval seconds.
 LINKS_EVERY = 4
+# Seconds the supervisor's end waits for a sample under way.
+STOP_WAIT = 2.0
 UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 # (node, command, timeout) -> what the command printed ('' when the node did not answer).
@@ -96,9 +98,11 @@ class Sampler:
         return self
 
     def stop(self) -> None:
+        """Stop sampling; a sample under way is not waited for long (the thread is a daemon: it ends with
+        the supervisor)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout + 5)
+            self._thread.join(timeout=STOP_WAIT)
             self._thread = None
 
     def _loop(self) -> None:
