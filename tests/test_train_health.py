@@ -203,6 +203,8 @@ def test_every_device_pair_is_measured_and_a_slow_device_is_named_by_node_and_de
     ]
     results = health_of(RUNS / job)
     pairs = results["pairs"]
+    # Each pair's figure is the fastest of its probe and at least two more operations, the slowed ones too.
+    assert all(pair["iterations"] >= 2 for pair in pairs), pairs  # type: ignore[attr-defined]
     assert [(pair["a"], pair["b"], pair["device"]) for pair in pairs] == [  # type: ignore[attr-defined]
         (a, b, device)
         for device in (0, 1)

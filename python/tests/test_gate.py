@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ def test_a_ring_of_three_nodes_with_two_devices_measures_six_device_links(tmp_pa
         for a, b in (("node0", "node1"), ("node1", "node2"), ("node2", "node0"))
     ]
     assert all(pair["busbw_gbps"] > 0 for pair in results["pairs"])
+    assert all(pair["iterations"] >= 2 for pair in results["pairs"])  # a pair's figure: the fastest of 3+
     assert "node0 device 1 <-> node1 device 1" in health.render(results)
 
 
@@ -126,3 +128,51 @@ def test_cann_version_is_read_where_the_toolkit_package_puts_it(tmp_path: Path) 
     (tmp_path / "aarch64-linux").mkdir()
     (tmp_path / "aarch64-linux" / "ascend_toolkit_install.info").write_text("version=8.2.RC1\narch=aarch64\n")
     assert cann_version(str(tmp_path), "aarch64") == "8.2.RC1"
+
+
+class FakeAllReduce:
+    """dist.all_reduce without a process group: a large tensor's operation sleeps ``seconds``, or what
+    ``stalls`` gives for that operation's number (0: the warm-up, 1: the probe); a one-element one (the
+    group's slowest time) returns at once, as on a group of one."""
+
+    def __init__(self, seconds: float, stalls: dict[int, float] | None = None) -> None:
+        self.seconds = seconds
+        self.stalls = stalls or {}
+        self.operations = 0
+
+    def __call__(self, tensor: Any, op: Any = None, group: Any = None) -> None:
+        if tensor.numel() == 1:
+            return
+        time.sleep(self.stalls.get(self.operations, self.seconds))
+        self.operations += 1
+
+
+def measure(monkeypatch: pytest.MonkeyPatch, fake: FakeAllReduce, seconds_per_size: float) -> Any:
+    from ddp_cluster.health import gate
+    from ddp_cluster.runtime.device import Placement
+
+    monkeypatch.setattr(gate.dist, "all_reduce", fake)
+    return gate.Measure(Placement("cpu", None, "gloo"), seconds_per_size, 20)
+
+
+@pytest.mark.parametrize("stalled", [1, 2, 3])
+def test_a_stall_in_one_operation_does_not_decide_a_pairs_figure(
+    monkeypatch: pytest.MonkeyPatch, stalled: int
+) -> None:
+    # 2 ms an operation, one (the probe, or a timed one) stalled 300 ms by another process on the cores
+    fake = FakeAllReduce(0.002, {stalled: 0.3})
+    seconds, iterations = measure(monkeypatch, fake, 0.01).fastest(4096)
+    assert seconds < 0.03 and iterations >= 2  # a mean over the probe and 5 operations: 0.05 s or more
+    # the sweep's mean keeps what nccl-tests reports: every operation's time, the stall's too
+    fake = FakeAllReduce(0.002, {2: 0.3})
+    mean, iterations = measure(monkeypatch, fake, 0.01).allreduce(4096)
+    assert mean > 0.3 / iterations
+
+
+def test_a_pair_slower_than_the_budget_still_times_two_operations_and_a_slow_link_stays_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeAllReduce(0.05)
+    seconds, iterations = measure(monkeypatch, fake, 0.01).fastest(4096)
+    assert iterations == 2 and fake.operations == 4  # warm-up, probe, two timed
+    assert seconds >= 0.05

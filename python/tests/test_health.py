@@ -152,6 +152,29 @@ def test_ring_phases_cover_every_pair_once_with_no_node_twice_in_a_phase(nodes: 
         assert len(members) == len(set(members))
 
 
+@pytest.mark.parametrize("nodes", [2, 3, 4, 5])
+@pytest.mark.parametrize("devices", [[0], [0, 1], list(range(8))])
+def test_pair_rounds_measure_every_device_pair_once_and_on_gloo_one_device_at_a_time(
+    nodes: int, devices: list[int]
+) -> None:
+    pairs = health.ring_pairs(nodes)
+    every = sorted((index, device) for index in range(len(pairs)) for device in devices)
+    together = health.pair_rounds(nodes, devices, together=True)
+    in_turn = health.pair_rounds(nodes, devices, together=False)
+    for rounds in (together, in_turn):
+        assert sorted(entry for batch in rounds for entry in batch) == every
+        for batch in rounds:  # no device of a node in two pairs at once
+            ends = [(node, device) for index, device in batch for node in pairs[index]]
+            assert len(ends) == len(set(ends))
+    # nccl, hccl: a phase's devices at once, the time grows with neither nodes nor devices
+    assert together == [
+        [(index, device) for index in phase for device in devices] for phase in health.ring_phases(nodes)
+    ]
+    # gloo: the host's cores carry every pair, one device a round: its figure compares with its siblings'
+    assert len(in_turn) == len(health.ring_phases(nodes)) * len(devices)
+    assert all(len({device for _, device in batch}) == 1 for batch in in_turn)
+
+
 # --- slow nodes and links ---
 
 

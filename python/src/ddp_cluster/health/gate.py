@@ -45,6 +45,9 @@ CANN_INFO = ("ascend_toolkit_install.info", "version=")
 NPU_DRIVER_INFO = Path("/usr/local/Ascend/driver/version.info")
 # cpu servers with one NIC per process: the interface of each local rank's device pairs, comma-separated.
 GLOO_DEVICE_IFNAMES = "DDP_GLOO_DEVICE_IFNAMES"
+# Operations a pair times after its probe, even past the time budget: its figure is the fastest of these and
+# the probe, so one stall cannot decide it. This costs time only on pairs slower than half the budget.
+PAIR_ITERATIONS = 2
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -217,7 +220,8 @@ def local_report(env: DistEnv, placement: Placement) -> dict[str, Any]:
 
 class Measure:
     """Timed all-reduces on the job's device: one warm-up, one probe that every rank of the group agrees on
-    (the slowest rank's time), then as many operations as fit in the time budget, at least 1."""
+    (the slowest rank's time), then as many operations as fit in the time budget, at least 1: their mean for
+    the sweep (:meth:`allreduce`, as nccl-tests reports), the fastest for a pair (:meth:`fastest`)."""
 
     def __init__(self, placement: Placement, seconds_per_size: float, max_iterations: int) -> None:
         self.device = placement.device
@@ -230,22 +234,41 @@ class Measure:
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
         return float(value.item())
 
+    def _once(self, tensor: torch.Tensor, group: Any) -> float:
+        start = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        self.sync()
+        return time.perf_counter() - start
+
+    def _iterations(self, probe: float, at_least: int) -> int:
+        return max(at_least, min(self.max_iterations, int(self.seconds_per_size / max(probe, 1e-6))))
+
     def allreduce(self, nbytes: int, group: Any = None) -> tuple[float, int]:
         """Seconds per all-reduce of ``nbytes`` (the group's slowest rank) and the operations timed."""
         tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=self.device)
         dist.all_reduce(tensor, group=group)
         self.sync()
-        start = time.perf_counter()
-        dist.all_reduce(tensor, group=group)
-        self.sync()
-        probe = self.slowest(time.perf_counter() - start, group)
-        iterations = max(1, min(self.max_iterations, int(self.seconds_per_size / max(probe, 1e-6))))
+        probe = self.slowest(self._once(tensor, group), group)
+        iterations = self._iterations(probe, 1)
         self.sync()
         start = time.perf_counter()
         for _ in range(iterations):
             dist.all_reduce(tensor, group=group)
         self.sync()
         return self.slowest((time.perf_counter() - start) / iterations, group), iterations
+
+    def fastest(self, nbytes: int, group: Any = None, at_least: int = PAIR_ITERATIONS) -> tuple[float, int]:
+        """A pair's figure: seconds of its fastest all-reduce of ``nbytes`` (the group's slowest rank's
+        fastest), of the probe and the operations timed after it, as many as fit in the time budget and at
+        least ``at_least``, each waited for; and that count. A stall (another process on the host's cores,
+        the scheduler) slows some operations and is no property of the link; a slow link slows every one."""
+        tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=self.device)
+        dist.all_reduce(tensor, group=group)
+        self.sync()
+        times = [self._once(tensor, group)]
+        iterations = self._iterations(self.slowest(times[0], group), at_least)
+        times += [self._once(tensor, group) for _ in range(iterations)]
+        return self.slowest(min(times), group), iterations
 
     def check_sums(self, world_size: int, rank: int) -> dict[str, Any]:
         """An all-reduce whose result is known: each rank adds rank + 1, so every element is n(n+1)/2."""
@@ -284,9 +307,11 @@ def measure_pairs(
     measure: Measure, reports: Sequence[dict[str, Any]], rank: int, nbytes: int, backend: str = "gloo"
 ) -> list[dict[str, Any]]:
     """All-reduces between the same device (local rank) of neighbouring nodes on the ring: every device's
-    own link, phase by phase, every device of a phase at once (each device has its own NIC: on npu and gpu the
-    collective library picks it). Every rank takes part in making the groups and in the barriers, and
-    receives every pair's figure."""
+    own link, phase by phase; on nccl and hccl every device of a phase at once (each device has its own NIC,
+    the collective library picks it), on gloo one device after the other (the host's cores carry every pair:
+    see :func:`ddp_cluster.health.judge.pair_rounds`). A pair's figure is its fastest operation
+    (:meth:`Measure.fastest`). Every rank takes part in making the groups and in the barriers, and receives
+    every pair's figure."""
     by_node: dict[int, dict[int, dict[str, Any]]] = {}
     for report in reports:
         by_node.setdefault(int(report["node_rank"]), {}).setdefault(int(report["local_rank"]), report)
@@ -314,21 +339,15 @@ def measure_pairs(
             else:
                 os.environ["GLOO_SOCKET_IFNAME"] = saved
     rows: list[dict[str, Any]] = []
-    for phase in health.ring_phases(len(order)):
-        for index in phase:
-            a, b = pairs[index]
-            for device in devices:
-                if (index, device) in groups:
-                    seconds, iterations = measure.allreduce(nbytes, groups[(index, device)])
-                    row = health.allreduce_row(nbytes, seconds, 2, iterations)
-                    rows.append(
-                        {
-                            "a": order[a][device]["node"],
-                            "b": order[b][device]["node"],
-                            "device": device,
-                            **row,
-                        }
-                    )
+    for batch in health.pair_rounds(len(order), devices, together=backend != "gloo"):
+        for index, device in batch:
+            if (index, device) in groups:
+                a, b = pairs[index]
+                seconds, iterations = measure.fastest(nbytes, groups[(index, device)])
+                row = health.allreduce_row(nbytes, seconds, 2, iterations)
+                rows.append(
+                    {"a": order[a][device]["node"], "b": order[b][device]["node"], "device": device, **row}
+                )
         dist.barrier()
     everyone: list[list[dict[str, Any]]] = [[] for _ in reports]
     dist.all_gather_object(everyone, rows)

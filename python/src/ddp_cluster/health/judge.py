@@ -173,6 +173,20 @@ def ring_phases(nodes: int) -> list[list[int]]:
     return phases
 
 
+def pair_rounds(nodes: int, devices: Sequence[int], together: bool) -> list[list[tuple[int, int]]]:
+    """What the gate measures at once: rounds of (pair index in :func:`ring_pairs`, device), phase by phase
+    (:func:`ring_phases`). ``together``: every device of a phase in one round, where each device's traffic has
+    a NIC and an engine of its own (nccl, hccl). Otherwise one device a round: where the host's cores carry
+    every byte (gloo), two devices' pairs at once share them, and a device whose partner is slow leaves the
+    cores to the other device's pair of its phase, so that figures measured at once would not be comparable
+    (a healthy device judged by a figure taken at half the cores against its siblings' taken alone)."""
+    rounds: list[list[tuple[int, int]]] = []
+    for phase in ring_phases(nodes):
+        batches = [list(devices)] if together else [[device] for device in devices]
+        rounds += [[(index, device) for index in phase for device in batch] for batch in batches if batch]
+    return rounds
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """When a node or a link fails the gate: below ``fraction`` of the median of its peers, or below the
