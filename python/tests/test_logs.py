@@ -412,6 +412,20 @@ def test_follow_shows_the_tail_then_each_new_line_until_the_job_ends() -> None:
     assert transport.commands[0].startswith("docker exec n0 /bin/bash -c ")
 
 
+def test_a_follow_whose_supervisor_s_node_is_gone_finds_the_job_again() -> None:
+    transport = FakeTransport(
+        [
+            answer(["[n1 rank 0] a"], {"0": [1, 2]}),
+            Done(255, "", "n1, which runs the job's supervisor, does not answer over the mesh's ssh"),
+            answer(["[n2 rank 0] b"], {"0": [3, 2]}, state="failed"),
+        ]
+    )
+    said: list[str] = []
+    job_logs.show(transport, "n0", LogsRequest("j1", follow=True), "/workspace/jobs", said.append)
+    assert "--first n1" in transport.commands[1] and "--first" not in transport.commands[2]
+    assert said[:2] == ["[n1 rank 0] a", "[n2 rank 0] b"]
+
+
 def test_without_follow_one_ask_and_done() -> None:
     transport = FakeTransport([answer(["[n1 rank 0] a"], {"0": [1, 2]})])
     result = job_logs.show(transport, "n0", LogsRequest("j1"), "/workspace/jobs", lambda line: None)

@@ -235,7 +235,11 @@ def show(
             stopped = "interrupted"
             say(f"job {request.job}: stopped following (Ctrl-C); the job goes on (jobs.yml lists it)")
             break
-        answer = ask(transport, container, request, jobs_dir, offsets, wait, first, nodes)
+        try:
+            answer = ask(transport, container, request, jobs_dir, offsets, wait, first, nodes)
+        except LogsError:
+            # the node that ran the supervisor may be lost (another took the job over): find it again
+            answer = ask(transport, container, request, jobs_dir, offsets, wait, "", nodes)
         said += _say(answer, say, notes)
         offsets, first = {**offsets, **answer.offsets}, answer.first or first
     if request.follow and answer.done:
