@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, STATE_DIR, PlaybookResult, docker, run_playbook, running_cluster
+from conftest import REPO, STATE_DIR, PlaybookResult, docker, node_exec, run_playbook, running_cluster
 
 RUNS = REPO / "runs"
 THREE = {"DDP_LOCAL_NODES": "3"}
@@ -120,6 +120,11 @@ def nsenter_tc(node: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def undrain(node: str) -> None:
+    """A failed gate drains the node it names slow: give it back for the tests after."""
+    node_exec(node, "rm -f /workspace/jobs/.drained", check=False)
+
+
 def test_a_node_with_a_slow_link_is_named(three_nodes: None) -> None:
     job = job_id("slow")
     # netem is not in this kernel; a token bucket on node1's interface slows everything node1 sends.
@@ -143,7 +148,9 @@ def test_a_node_with_a_slow_link_is_named(three_nodes: None) -> None:
         result = check(job, 3)
     finally:
         nsenter_tc("node1", "qdisc", "del", "dev", "eth0", "root")
+        undrain("node1")
     assert result.rc != 0
+    assert f"drained: node1 (health gate {job}: node node1 is slow" in " ".join(result.stdout.split())
     assert f"health gate {job} failed: node node1 is slow: its best pair reached" in result.stdout, (
         result.stdout[-4000:]
     )
@@ -196,6 +203,7 @@ def test_every_device_pair_is_measured_and_a_slow_device_is_named_by_node_and_de
         result = check(job, 3, cluster_nproc_per_node=2, ddp_job_env={"DDP_GLOO_DEVICE_IFNAMES": "eth0,eth1"})
     finally:
         nsenter_tc("node2", "qdisc", "del", "dev", "eth1", "root")
+        undrain("node2")
     assert result.rc != 0
     flat = " ".join(result.stdout.split())
     assert f"health gate {job} failed: node node2 device 1 is slow: its best pair reached" in flat, flat[

@@ -126,3 +126,12 @@ def test_a_nodes_job_list_names_a_status_that_is_no_status(
     assert listed["good"]["status"]["state"] == "succeeded" and listed["good"]["status_problem"] == ""
     assert listed["bad"]["status"] is None
     assert "restarts[0].training_again_s='5' must be int or float" in listed["bad"]["status_problem"]
+
+
+def test_a_restart_that_drained_a_node_says_so() -> None:
+    record = {**RESTART, "cause": "device-fault: node n1 device 1: health alarm (npu-smi)", "drained": ["n1"]}
+    assert status.loads(Status(state="running", restarts=(record,)).dumps()).restarts[0]["drained"] == ["n1"]
+    assert "(drained n1)" in status.describe_restart(record)
+    assert "drained" not in status.describe_restart(RESTART)
+    with pytest.raises(status.StatusError, match="drained"):
+        status.loads(Status(state="running", restarts=({**RESTART, "drained": "n1"},)).dumps())

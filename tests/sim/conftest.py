@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -52,6 +53,21 @@ VERSIONS = (
 
 SIM_ENV = {"SIM_SERVERS": "2", "PYTHON": str(REPO / ".venv" / "bin" / "python")}
 STANDINS_LOG = REPO / "build" / "sim" / "standins.log"
+
+
+def _natural(name: str) -> list[object]:
+    """A file name's sort key with its numbers as numbers: test_sim_10_... after test_sim_9_..."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The sim's files are stages in order (1, 2, ..., 10): their tests run in their files' natural order,
+    each file's tests in their own order, the other tests where they were."""
+    here = Path(__file__).parent
+    places = [index for index, item in enumerate(items) if item.path.parent == here]
+    ordered = sorted((items[index] for index in places), key=lambda item: _natural(item.path.name))
+    for index, item in zip(places, ordered, strict=True):
+        items[index] = item
 
 
 def sim(*args: str) -> None:

@@ -58,6 +58,7 @@ RECORDS: dict[str, dict[str, tuple[type, ...]]] = {
         "nodes_before": (list,),
         "nodes_after": (list,),
         "spares_taken": (list,),
+        "drained": (list,),
         "lost_at": NUMBER,
         "restarted_at": NUMBER,
         "training_again_s": NUMBER,
@@ -236,6 +237,8 @@ def describe_restart(record: Mapping[str, Any]) -> str:
     line = f"restart {record.get('restart')}: {record.get('cause')}; lost {lost}; on {after}" + (
         f" (spare {', '.join(spares)} taken)" if spares else ""
     )
+    if record.get("drained"):
+        line += f" (drained {', '.join(record['drained'])})"
     if record.get("checkpoint"):
         line += f", resumed from {record['checkpoint']} (step {record.get('resume_step')})"
     if record.get("steps_redone") is not None:
