@@ -7,7 +7,7 @@ action prints what it brought, its bytes and where. In check mode the nodes only
 
     - ddp_jobs_sync:
         job: "{{ sync }}"
-        runs_dir: "{{ runs_dir | default('runs') }}"
+        runs_dir: "{{ ddp_job_runs_dir | default(playbook_dir ~ '/../../runs') }}"
         nodes: "{{ groups['nodes'] }}"
 """
 
@@ -41,7 +41,7 @@ class ActionModule(ActionBase):
         variables = task_vars or {}
         node = str(variables["inventory_hostname"])
         job = str(self._task.args.get("job") or "")
-        # runs/<id> beside the playbook's working directory, as train.yml's plan and attach place it.
+        # runs/<id> where train.yml's plan writes it (a relative runs_dir: from the working directory)
         runs = Path(os.getcwd(), str(self._task.args.get("runs_dir") or "runs")).resolve()
         records = Path(str(self._templar.template(variables.get("cluster_controller_dir"))), "nodes")
         workspace = "/workspace"
