@@ -63,6 +63,13 @@ POLL = 0.2
 # Bytes of one log read in one answer at most (the rest comes with the next), and read back for a tail.
 READ_MAX = 256 * 1024
 TAIL_MAX = 1024 * 1024
+# A follow asks again every few seconds, each time over ssh to every other node: each ask's sessions share one
+# connection per node, kept SHARE_SECONDS after the last (no key exchange per ask: a new line shows sooner).
+SHARE_SECONDS = 30
+SHARED = (
+    *("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/ddp-logs-%C"),
+    *("-o", f"ControlPersist={SHARE_SECONDS}"),
+)
 TORCHRUN = "torchrun"
 ATTEMPT = re.compile(r"^attempt_(\d+)$")
 
@@ -287,7 +294,10 @@ class Remote:
         self._bound = bound
         self._errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by result(): it outlives this call)
         self._process = subprocess.Popen(
-            [*mesh.ssh(node), command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors
+            [*mesh.ssh(node, *SHARED), command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._errors,
         )
         self._done = done
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -448,7 +458,9 @@ def forward(mesh: Mesh, first: str, argv: Sequence[str], bound: float) -> int:
     """Run this command on ``first`` (the supervisor's node) over the mesh, its output as this one's."""
     command = f". {node_jobs.NODE_ENV} && " + " ".join(shlex.quote(arg) for arg in argv)
     try:
-        done = subprocess.run([*mesh.ssh(first), command], capture_output=True, timeout=bound, check=False)
+        done = subprocess.run(
+            [*mesh.ssh(first, *SHARED), command], capture_output=True, timeout=bound, check=False
+        )
     except subprocess.TimeoutExpired:
         print(f"{first} (running job's supervisor) gave no answer within {bound:.0f} s", file=sys.stderr)
         return 3
