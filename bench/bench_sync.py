@@ -35,7 +35,10 @@ from ddp_cluster.job.transport import Done
 from ddp_cluster.supervisor import sync as node_sync
 from ddp_cluster.supervisor.remote import Mesh
 
-JOB_ARGS = "--dataset digits --epochs 2000 --batch-size 32 --lr 0.05 --log-every 10"
+# A job that writes little between two syncs (a metrics line and an event per 1000 steps, about one every 2 s
+# here): what a second sync moves besides the job's own writes. tests/test_jobs_sync.py's digits job writes
+# about 25 kB/s (a metrics line, an event and a log line every 10 steps), all of which a sync then brings.
+JOB_ARGS = "--dataset synthetic --synthetic-samples 400000 --epochs 50 --batch-size 64 --log-every 1000"
 BROUGHT = re.compile(r"brought (\d+) file\(s\), (\d+) bytes \((\d+) bytes packed, (\d+) bytes answered\)")
 NOTHING = re.compile(r"nothing changed since the last sync \((\d+) bytes asked and answered\)")
 HEADER = ("way", "sync", "files", "bytes", "packed", "asked+answered", "seconds")
@@ -66,7 +69,10 @@ def on_cluster(nodes: int, wait: float) -> list[tuple[str, ...]]:
             seconds, _, output = playbook("jobs.yml", "-e", f"sync={job}", nodes=nodes)
             rows.append((f"cluster ({nodes} nodes)", label, *figures(output), f"{seconds:.1f}"))
     finally:
-        playbook("jobs.yml", "-e", f"stop={job}", nodes=nodes)
+        try:
+            playbook("jobs.yml", "-e", f"stop={job}", nodes=nodes)
+        except SystemExit as error:  # the figures stand; the stop's failure is said after them
+            print(str(error)[-2000:], file=sys.stderr)
     return rows
 
 

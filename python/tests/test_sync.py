@@ -62,6 +62,8 @@ def make_job(root: Path, state: str = "running") -> None:
     (first / "workdir" / "train.py").write_text("print('project as sent')\n")
     (first / "telemetry").mkdir()
     (first / "telemetry" / "node0.jsonl").write_text('{"time": 1, "node": "node0"}\n')
+    (first / "heartbeat").mkdir()
+    (first / "heartbeat" / "rank.0").write_text("")
     for rank in (0, 1):
         log = first / "logs" / "1" / f"rank.{rank}" / "stdout"
         log.parent.mkdir(parents=True)
@@ -164,6 +166,21 @@ def test_a_secret_split_between_two_syncs_is_never_sent_in_part() -> None:
     assert node_sync.held_back(b"no secret here\n", secrets) == 0
 
 
+def test_destination_is_the_final_layout_s_place() -> None:
+    run = Path("/runs/j1")
+    assert sync.destination(run, "n0", "n0", "output/metrics.jsonl") == run / "output" / "metrics.jsonl"
+    assert sync.destination(run, "n0", "n1", "output/metrics.jsonl") == run / "nodes/n1/output/metrics.jsonl"
+    assert sync.destination(run, "n0", "n0", "telemetry/n1.jsonl") == run / "telemetry" / "n1.jsonl"
+    # a link, another name or a deeper path stays in the node's directory, as the collect leaves it
+    assert (
+        sync.destination(run, "n0", "n0", "telemetry/n1.jsonl", link=True)
+        == run / "nodes/n0/telemetry/n1.jsonl"
+    )
+    assert sync.destination(run, "n0", "n0", "telemetry/notes.txt") == run / "nodes/n0/telemetry/notes.txt"
+    assert sync.destination(run, "n0", "n1", "telemetry/n1.jsonl") == run / "nodes/n1/telemetry/n1.jsonl"
+    assert sync.destination(run, "n0", "n0", "logs/1/rank.0/stdout") == run / "nodes/n0/logs/1/rank.0/stdout"
+
+
 def test_a_node_leaves_out_secrets_the_bundle_temporaries_checkpoints_and_the_project(tmp_path: Path) -> None:
     make_job(tmp_path)
     first = job_dir(tmp_path, "node0")
@@ -211,7 +228,8 @@ def test_a_first_sync_lays_out_as_the_collect_and_a_second_moves_nothing(
     assert (run / "output" / "metrics.jsonl").read_text().startswith('{"kind": "step"')
     assert (run / "output" / "tensorboard" / "events.out.tfevents.1").read_bytes() == b"\0\1events" * 100
     assert (run / "logs" / "rank.1.log").read_text() == "rank 1 starts with ***\n"
-    assert (run / "nodes" / "node0" / "telemetry" / "node0.jsonl").is_file()
+    assert (run / "telemetry" / "node0.jsonl").read_text() == '{"time": 1, "node": "node0"}\n'
+    assert not (run / "nodes" / "node0" / "telemetry").exists()
     assert (run / "nodes" / "node1" / "job.json").is_file()
     assert (run / "output" / "loss.png").read_bytes().startswith(b"\x89PNG")
     assert (
@@ -275,6 +293,8 @@ def test_a_job_that_is_over_is_not_synced_and_attach_is_named(
     assert done.over == "succeeded" and done.files == 0
     assert f"ansible-playbook train.yml -e attach={JOB}" in done.lines()[0]
     assert not (tmp_path / "runs" / JOB / "output").exists()
+    (tmp_path / "runs" / JOB / "status.json").write_text(Status(state="succeeded").dumps())  # collected
+    assert done.lines() == [f"job {JOB} is over (succeeded) and collected: its results are in {done.run_dir}"]
 
 
 def test_a_node_s_budget_leaves_the_rest_for_the_next_sync(

@@ -9,7 +9,8 @@ for the others. :func:`merge` lays each piece where the final collect lays it
 (:mod:`ddp_cluster.job.results`):
 
     runs/<id>/output/...           the first node's output/ (metrics.jsonl, tensorboard/, ...)
-    runs/<id>/nodes/<node>/...     every node's job directory (logs/, telemetry/, status.json, its output/)
+    runs/<id>/telemetry/NODE.jsonl the first node's telemetry of each node
+    runs/<id>/nodes/<node>/...     every node's job directory (logs/, status.json, its output/)
     runs/<id>/logs/rank.R.log      each rank's log so far, from the node's copy (agent.N.log with torchrun)
     runs/<id>/output/loss.png      drawn here from metrics.jsonl (not when the job draws its own)
 
@@ -46,6 +47,7 @@ from typing import Any
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
 from ddp_cluster.job import node_jobs, results
+from ddp_cluster.job import status as job_status
 from ddp_cluster.job.transport import Transport
 
 MANIFEST = ".sync.json"
@@ -117,12 +119,16 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def destination(run_dir: Path, first: str, node: str, path: str) -> Path:
-    """Where a node's file ``path`` (in its job directory) is laid out: the first node's output under
-    ``output/``, everything else under ``nodes/<node>/`` (as :func:`ddp_cluster.job.results.lay_out`)."""
+def destination(run_dir: Path, first: str, node: str, path: str, link: bool = False) -> Path:
+    """Where a node's file ``path`` (in its job directory) is laid out, as
+    :func:`ddp_cluster.job.results.lay_out` does: the first node's output under ``output/`` and its telemetry
+    files (regular NODE.jsonl) under ``telemetry/``, everything else under ``nodes/<node>/``."""
     parts = PurePosixPath(path).parts
     if node == first and parts and parts[0] == results.OUTPUT:
         return run_dir.joinpath(results.OUTPUT, *parts[1:])
+    telemetry = len(parts) == 2 and parts[0] == results.TELEMETRY and results.TELEMETRY_FILE.match(parts[1])
+    if node == first and telemetry and not link:
+        return run_dir / results.TELEMETRY / parts[1]
     return run_dir.joinpath(results.NODES, node, *parts)
 
 
@@ -143,7 +149,7 @@ def request(run_dir: Path, manifest: Manifest) -> dict[str, Any]:
     held: dict[str, dict[str, list[Any]]] = {}
     for node, files in manifest.nodes.items():
         for path, kept in files.items():
-            if _still_here(destination(run_dir, manifest.first, node, path), kept):
+            if _still_here(destination(run_dir, manifest.first, node, path, kept.local < 0), kept):
                 held.setdefault(node, {})[path] = [kept.size, kept.mtime, kept.tail]
     return {"nodes": held}
 
@@ -174,6 +180,9 @@ class Synced:
 
     def lines(self) -> list[str]:
         """What jobs.yml prints."""
+        collected = job_status.read(self.run_dir / job_status.FILE)
+        if self.over and collected is not None and collected.done:
+            return [f"job {self.job} is over ({self.over}) and collected: its results are in {self.run_dir}"]
         if self.over:
             return [
                 f"job {self.job} is over ({self.over}): nothing was synced; its final collect brings all of"
@@ -313,7 +322,7 @@ class _Merging:
         why = results.unsafe(member, name)
         if why or member.isdir():
             raise _Refused(why or "a directory (made as its files need it)")
-        target = destination(self.run_dir, self.first, self.node, name)
+        target = destination(self.run_dir, self.first, self.node, name, member.issym())
         if target in (self.run_dir / results.OUTPUT, self.run_dir / results.NODES / self.node):
             raise _Refused("the place of the whole output")
         _directory(self.run_dir, target)

@@ -17,9 +17,10 @@ unchanged one not at all, so a second sync of a job that wrote nothing moves no 
 What a node sends is what the final collect would pack (:mod:`ddp_cluster.server.pack`: found from the
 workspace down without following a link, a link sent as the link, no ``secrets.json`` nor ``job.tar.gz``,
 no ``*.tmp`` or ``__pycache__``, the values of the job's secrets masked in text files), less what the collect
-alone brings: ``output/checkpoints/`` (large, and only used by a resume, which reads the collected ones) and
-``workdir/`` (the project as sent, kept on the controller already). At most ``budget`` bytes of files per
-node and sync (the rest is ``pending``: the next sync goes on from there).
+alone brings: ``output/checkpoints/`` (large, and only used by a resume, which reads the collected ones),
+``workdir/`` (the project as sent, kept on the controller already) and ``heartbeat/`` (the watchdog's).
+At most ``budget`` bytes of files per node and sync (the rest is ``pending``: the next sync goes on from
+there).
 
 A piece of a text file never ends inside a secret's value: its end is held back to before any beginning of
 one (the next sync sends it whole, masked).
@@ -63,8 +64,9 @@ TAIL_CHECK = 4096
 # node and the controller. What is left goes with the next sync.
 BUDGET = 128 << 20
 MIN_NODE_BUDGET = 1 << 20
-# What only the final collect brings (see the module's text).
-COLLECT_ONLY = (pack.CHECKPOINTS, "workdir")
+# What only the final collect brings (see the module's text); heartbeat/: the ranks' empty files whose times
+# the watchdog reads, touched at every step (each sync would bring them again, and say nothing).
+COLLECT_ONLY = (pack.CHECKPOINTS, "workdir", "heartbeat")
 # Of the files a node leaves out (a fifo, a socket), the first few are named.
 SHOWN = 5
 # A node asked over the mesh answers within this (a first sync of a large output takes a while).
