@@ -34,6 +34,7 @@ from typing import Any
 
 from ddp_cluster.health import judge as health
 from ddp_cluster.job import doctor, plan, results, status
+from ddp_cluster.job import sync as job_sync
 from ddp_cluster.runtime.metrics import METRICS_FILE, SUMMARY_FILE
 
 PLOT_FILE = "loss.png"
@@ -87,7 +88,8 @@ def _plot(run_dir: Path, report: Report, wanted: bool) -> None:
             )
         return
     loss = output_dir(run_dir) / PLOT_FILE
-    if loss.exists() or loss.is_symlink():  # the job's own (a link is never written through)
+    # The job's own (a link is never written through); one a mid-run sync drew is drawn again, to the end.
+    if (loss.exists() or loss.is_symlink()) and not job_sync.drawn_by_sync(run_dir):
         return
     try:
         from ddp_cluster.job import plot  # matplotlib, only when there is a curve to draw
