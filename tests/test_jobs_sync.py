@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO, STATE_DIR, PlaybookResult, node_exec, run_playbook, running_cluster
 
 RUNS = REPO / "runs"
+NODES = ("node0", "node1")
 # About 20 s of digits on two nodes (tests/test_train_lifecycle.py's LONG, without its checkpoints).
 LONG = "--dataset digits --epochs 200 --batch-size 32 --lr 0.05 --log-every 10"
 BROUGHT = re.compile(
@@ -77,7 +78,8 @@ def job(local_cluster_made: list[PlaybookResult]) -> Iterator[str]:
     running_cluster(local_cluster_made)
     name = f"test-sync-{uuid.uuid4().hex[:6]}"
     detached = run_playbook(
-        "train.yml", extravars={"job_id": name, "nodes": 2, "detach": True, "script_args": LONG}
+        "train.yml",
+        extravars={"job_id": name, "nodes": 2, "detach": True, "script_args": LONG, "telemetry_interval": 2},
     )
     assert detached.rc == 0, detached.stdout[-4000:]
     try:
@@ -88,8 +90,14 @@ def job(local_cluster_made: list[PlaybookResult]) -> Iterator[str]:
         assert not any(left.values()), (left, stopped.stdout[-3000:])
 
 
+def telemetry_of(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
 def test_sync_brings_the_results_so_far_and_a_second_only_what_the_job_wrote_since(job: str) -> None:
     wait_for("training", lambda: step_of(job) > 0)
+    sampled = node_job_dir("node0", job) / "telemetry"
+    wait_for("a sample of each node", lambda: all(telemetry_of(sampled / f"{n}.jsonl") for n in NODES))
     run = RUNS / job
     checked = run_playbook("jobs.yml", extravars={"sync": job}, cmdline="--check")
     assert checked.rc == 0, checked.stdout[-4000:]
@@ -109,6 +117,18 @@ def test_sync_brings_the_results_so_far_and_a_second_only_what_the_job_wrote_sin
         assert (run / "logs" / f"rank.{rank}.log").read_text().strip(), f"rank {rank}'s log is empty"
     assert (run / "nodes" / "node1" / "job.json").is_file() and not list(run.rglob("secrets.json"))
     assert not (run / "status.json").exists() and not (run / "output" / "summary.json").exists()
+    # The TensorBoard event files so far, read back with tensorboard's own reader; every node's telemetry.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "output" / "tensorboard"))
+    events.Reload()
+    assert "train/loss" in events.Tags()["scalars"], events.Tags()
+    assert all(event.step >= 0 for event in events.Scalars("train/loss")), events.Scalars("train/loss")
+    for node in NODES:
+        records = telemetry_of(run / "telemetry" / f"{node}.jsonl")
+        assert records and all(set(record) == {"time", "node", "processes", "devices"} for record in records)
+        assert all(record["node"] == node for record in records), records[:2]
+        assert any(record["processes"]["count"] >= 1 for record in records), records[:2]  # type: ignore[index]
     before = synced_bytes(run)
     # What the job does not write while it runs (its files as sent): the second sync leaves these copies as
     # they are (the same inode: not written again).
