@@ -122,6 +122,21 @@ def follow(nodes: int, job: str, seconds: float) -> list[float]:
     return [at - seen[(rank, text)] for rank, text, at in shown[nodes:] if (rank, text) in seen]
 
 
+def stop(nodes: int, job: str) -> None:
+    """jobs.yml -e stop=ID; the job must have ended (what the collect after the stop does is not measured)."""
+    subprocess.run(
+        [PLAYBOOK, "jobs.yml", "-e", f"stop={job}"],
+        cwd=REPO,
+        env=env(nodes),
+        capture_output=True,
+        check=False,
+    )
+    status = STATE_DIR / "node0" / "workspace" / "jobs" / job / "status.json"
+    state = json.loads(status.read_text()).get("state") if status.is_file() else None
+    if state not in ("succeeded", "failed"):
+        raise SystemExit(f"jobs.yml -e stop={job} left it {state}: stop it by hand")
+
+
 def measure(nodes: int, rounds: int, follow_seconds: float) -> dict[str, Any]:
     teardown(64)
     subprocess.run(["docker", "network", "rm", "ddp-cluster-local"], capture_output=True, check=False)
@@ -146,7 +161,7 @@ def measure(nodes: int, rounds: int, follow_seconds: float) -> dict[str, Any]:
         sides = [node_side(job) for _ in range(rounds)]
         delays = follow(nodes, job, follow_seconds)
     finally:
-        ansible(nodes, "jobs.yml", "-e", f"stop={job}")
+        stop(nodes, job)
     return {
         "nodes": nodes,
         "tail_s": tails,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.files import write_atomic
 from ddp_cluster.job import logs as job_logs
 from ddp_cluster.job import node_jobs, results, secrets
 from ddp_cluster.job import spec as jobspec
@@ -70,6 +72,9 @@ SHARED = (
     *("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/ddp-logs-%C"),
     *("-o", f"ControlPersist={SHARE_SECONDS}"),
 )
+# Where a follow's next answer is read ahead (see look_ahead), and how long one nobody took is kept.
+AHEAD_DIR = "/tmp/ddp-logs-ahead"
+AHEAD_KEEP = 120.0
 TORCHRUN = "torchrun"
 ATTEMPT = re.compile(r"^attempt_(\d+)$")
 
@@ -489,7 +494,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--first", default="", help="the node that runs the job's supervisor, when known")
     parser.add_argument("--nodes", default="", help="the cluster's nodes, comma-separated (to find the job)")
     parser.add_argument("--read", default=None, help=argparse.SUPPRESS)  # one node's part (the first's ask)
-    parser.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # forwarded: answer here
+    parser.add_argument("--here", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ahead", type=float, default=0.0, help="then read the next ask's answer ahead, waiting up to S s"
+    )  # forwarded: answer here
     return parser
 
 
@@ -518,7 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             again = ["python", "-m", job_logs.MODULE, *again]
             return forward(mesh, first, again, args.wait + 2 * COMMAND_TIMEOUT)
         request = Request(args.job_id, jobs_dir, args.tail, args.rank, args.node, offsets, args.wait)
-        lines, summary = answer_here(request, mesh)
+        found = taken_ahead(request) if offsets is not None else None
+        lines, summary = found or answer_here(request, mesh)
     except (DdpClusterError, ValueError) as error:
         print(f"ddp_cluster.supervisor.logs: {error}", file=sys.stderr)
         return 3 if isinstance(error, JobNotFound) else 2
@@ -527,7 +536,90 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.write(line + "\n")
     out.write(json.dumps(summary, separators=(",", ":")) + "\n")
     out.flush()
+    if args.ahead and not summary["done"]:
+        reached = {**(offsets or {}), **summary["offsets"]}
+        look_ahead(Request(args.job_id, jobs_dir, args.tail, args.rank, args.node, reached, args.ahead), mesh)
     return 0
+
+
+def ahead_key(request: Request) -> str:
+    """The name of the answer read ahead for ``request`` (the same for the ask that comes next with it)."""
+    fields = [request.job_id, request.jobs_dir, request.tail, request.rank, request.node, request.wait]
+    text = json.dumps([fields, request.offsets], sort_keys=True, separators=(",", ":"))
+    return f"{request.job_id}-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+
+def look_ahead(request: Request, mesh: Mesh) -> None:
+    """Read the next ask's answer now, in a process of its own that outlives this command (its output
+    closed, so the command ends at once): the lines a rank writes while the answer travels to the controller
+    and the next ask comes are read as they come (the other nodes' readers start now, not with that ask),
+    and that ask takes them (:func:`taken_ahead`). Bounded by the ask's wait; an answer nobody took is
+    removed by a later one after :data:`AHEAD_KEEP` seconds."""
+    folder = Path(AHEAD_DIR)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = ahead_key(request)
+    pending = folder / f"{key}.pending"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child:
+        pending.write_text(str(child))
+        return
+    try:
+        os.setsid()
+        quiet = os.open(os.devnull, os.O_RDWR)
+        for stream in (0, 1, 2):
+            os.dup2(quiet, stream)
+        for old in folder.glob("*"):
+            with contextlib.suppress(OSError):
+                if time.time() - old.stat().st_mtime > AHEAD_KEEP:
+                    old.unlink()
+        with contextlib.suppress(Exception):  # nothing to tell: the next ask reads the logs itself
+            lines, summary = answer_here(request, mesh)
+            write_atomic(folder / f"{key}.json", json.dumps({"lines": lines, "summary": summary}).encode())
+    finally:
+        os._exit(0)
+
+
+def taken_ahead(request: Request) -> tuple[list[str], dict[str, Any]] | None:
+    """The answer :func:`look_ahead` read for ``request`` (waiting for it while its reader runs), or None:
+    none was read ahead, or its reader is gone without one."""
+    folder = Path(AHEAD_DIR)
+    key = ahead_key(request)
+    result, pending = folder / f"{key}.json", folder / f"{key}.pending"
+    deadline = time.monotonic() + request.wait + COMMAND_TIMEOUT
+    while not result.exists() and time.monotonic() < deadline:
+        try:
+            reader = int(pending.read_text() or "0")
+        except (OSError, ValueError):
+            reader = 0
+        if not reader or not _alive(reader):
+            time.sleep(POLL / 4)  # the answer is written before the reader ends: one last look
+            if not result.exists():
+                return None
+        time.sleep(0.02)
+    try:
+        data = json.loads(result.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        result.unlink(missing_ok=True)
+        pending.unlink(missing_ok=True)
+    return [str(line) for line in data["lines"]], dict(data["summary"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a reader that ended but was not waited for (its parent exited first: init reaps it) is no reader
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _without(argv: Sequence[str], *options: str) -> list[str]:
