@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -75,6 +75,8 @@ SHARED = (
 # Where a follow's next answer is read ahead (see look_ahead), and how long one nobody took is kept.
 AHEAD_DIR = "/tmp/ddp-logs-ahead"
 AHEAD_KEEP = 120.0
+AHEAD_LIFE = 30.0
+ROUND_GAP = 0.25
 TORCHRUN = "torchrun"
 ATTEMPT = re.compile(r"^attempt_(\d+)$")
 
@@ -363,7 +365,9 @@ class Request:
     wait: float = 0.0
 
 
-def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]]:
+def answer_here(
+    request: Request, mesh: Mesh, answer_now: Callable[[], bool] = lambda: False
+) -> tuple[list[str], dict[str, Any]]:
     """On the node that runs the job's supervisor: the prefixed, masked lines of the logs asked for, and the
     summary (see the module's text)."""
     job_dir = Path(request.jobs_dir, request.job_id)
@@ -395,7 +399,7 @@ def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]
         remotes.append(Remote(mesh, node, command, wait + COMMAND_TIMEOUT, done))
 
     def stop(seconds: float) -> bool:
-        return done.wait(seconds) or _ended(job_dir)
+        return done.wait(seconds) or _ended(job_dir) or answer_now()
 
     # Without logs here it only waits (for a remote's lines, the job's end or the bound).
     local = wait_here(job_dir, by_node.get(mesh.me, []), request.offsets, request.tail, final, wait, stop)
@@ -550,20 +554,21 @@ def ahead_key(request: Request) -> str:
 
 
 def look_ahead(request: Request, mesh: Mesh) -> None:
-    """Read the next ask's answer now, in a process of its own that outlives this command (its output
-    closed, so the command ends at once): the lines a rank writes while the answer travels to the controller
-    and the next ask comes are read as they come (the other nodes' readers start now, not with that ask),
-    and that ask takes them (:func:`taken_ahead`). Bounded by the ask's wait; an answer nobody took is
-    removed by a later one after :data:`AHEAD_KEEP` seconds."""
+    """Read on for the next ask, in a process of its own that outlives this command (its output closed, so
+    the command ends at once): from the offsets this answer reached, round after round (each as an ask
+    reads: the other nodes at once, an answer at the first line), the lines gathered as they come until the
+    next ask asks for them (:func:`taken_ahead`), so that the lines a rank writes while an answer travels to
+    the controller and the next ask comes are read as they come, not when that ask starts its own readers.
+    It ends once taken, when the job ended, or after :data:`AHEAD_LIFE` seconds untaken (its answer then
+    waits for a late ask; one nobody took is removed by a later one after :data:`AHEAD_KEEP` seconds)."""
     folder = Path(AHEAD_DIR)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     key = ahead_key(request)
-    pending = folder / f"{key}.pending"
     sys.stdout.flush()
     sys.stderr.flush()
     child = os.fork()
     if child:
-        pending.write_text(str(child))
+        (folder / f"{key}.pending").write_text(str(child))
         return
     try:
         os.setsid()
@@ -575,18 +580,54 @@ def look_ahead(request: Request, mesh: Mesh) -> None:
                 if time.time() - old.stat().st_mtime > AHEAD_KEEP:
                     old.unlink()
         with contextlib.suppress(Exception):  # nothing to tell: the next ask reads the logs itself
-            lines, summary = answer_here(request, mesh)
-            write_atomic(folder / f"{key}.json", json.dumps({"lines": lines, "summary": summary}).encode())
+            _read_on(request, mesh, folder, key)
     finally:
         os._exit(0)
 
 
+def _read_on(request: Request, mesh: Mesh, folder: Path, key: str) -> None:
+    take = folder / f"{key}.take"
+    gathered: list[str] = []
+    offsets = dict(request.offsets or {})
+    notes: list[str] = []
+    ends = time.monotonic() + AHEAD_LIFE
+
+    def asked() -> float | None:
+        """The asker's deadline (epoch seconds) once the next ask came for the answer."""
+        try:
+            return float(take.read_text() or "0")
+        except (OSError, ValueError):
+            return None
+
+    def answer_now() -> bool:
+        deadline = asked()
+        return deadline is not None and (bool(gathered) or time.time() >= deadline)
+
+    while True:
+        lines, summary = answer_here(replace(request, offsets=offsets, wait=request.wait), mesh, answer_now)
+        gathered += lines
+        offsets.update(summary["offsets"])
+        notes += [note for note in summary["notes"] if note not in notes]
+        if summary["done"] or answer_now() or time.monotonic() > ends:
+            break
+        if lines:  # a rank that writes all the time: a round per ROUND_GAP at most (each costs every node)
+            pause = time.monotonic() + ROUND_GAP
+            while time.monotonic() < pause and asked() is None:
+                time.sleep(0.02)
+    summary.update(offsets=offsets, notes=notes)
+    write_atomic(folder / f"{key}.json", json.dumps({"lines": gathered, "summary": summary}).encode())
+
+
 def taken_ahead(request: Request) -> tuple[list[str], dict[str, Any]] | None:
-    """The answer :func:`look_ahead` read for ``request`` (waiting for it while its reader runs), or None:
-    none was read ahead, or its reader is gone without one."""
+    """What :func:`look_ahead` gathered for ``request`` (waiting up to its wait for a first line), or None:
+    nothing was read ahead, or its reader is gone without an answer."""
     folder = Path(AHEAD_DIR)
     key = ahead_key(request)
-    result, pending = folder / f"{key}.json", folder / f"{key}.pending"
+    result, pending, take = (folder / f"{key}{end}" for end in (".json", ".pending", ".take"))
+    if not pending.exists() and not result.exists():
+        return None
+    with contextlib.suppress(OSError):
+        take.write_text(str(time.time() + request.wait))
     deadline = time.monotonic() + request.wait + COMMAND_TIMEOUT
     while not result.exists() and time.monotonic() < deadline:
         try:
@@ -596,15 +637,15 @@ def taken_ahead(request: Request) -> tuple[list[str], dict[str, Any]] | None:
         if not reader or not _alive(reader):
             time.sleep(POLL / 4)  # the answer is written before the reader ends: one last look
             if not result.exists():
-                return None
+                break
         time.sleep(0.02)
     try:
         data = json.loads(result.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     finally:
-        result.unlink(missing_ok=True)
-        pending.unlink(missing_ok=True)
+        for path in (result, pending, take):
+            path.unlink(missing_ok=True)
     return [str(line) for line in data["lines"]], dict(data["summary"])
 
 
