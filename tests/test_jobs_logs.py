@@ -93,6 +93,7 @@ class Watcher(threading.Thread):
         super().__init__(daemon=True)
         self.paths = paths
         self.seen: dict[tuple[str, str], float] = {}
+        self.count: dict[tuple[str, str], int] = {}
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -107,6 +108,7 @@ class Watcher(threading.Thread):
                 now = time.monotonic()
                 for line in whole.decode("utf-8", "replace").splitlines():
                     self.seen.setdefault((key, line), now)
+                    self.count[(key, line)] = self.count.get((key, line), 0) + 1
             time.sleep(0.02)
 
 
@@ -133,7 +135,7 @@ def test_follow_shows_new_lines_within_2_s_and_ctrl_c_stops_only_the_following(j
             output.append(line)
             if match := LINE.match(line.rstrip("\n")):
                 shown.append((match.group(2), match.group(3), time.monotonic()))
-            if len(shown) > 40 or time.monotonic() > deadline:
+            if len(shown) > 60 or time.monotonic() > deadline:
                 break
         os.killpg(follow.pid, signal.SIGINT)  # as Ctrl-C in its terminal
         rest, _ = follow.communicate(timeout=30)
@@ -144,14 +146,19 @@ def test_follow_shows_new_lines_within_2_s_and_ctrl_c_stops_only_the_following(j
         if follow.poll() is None:
             os.killpg(follow.pid, signal.SIGKILL)
     text = "".join(output)
-    assert len(shown) > 40, text[-4000:]
+    assert len(shown) > 60, text[-4000:]
     assert {rank for rank, _, _ in shown} == {"0", "1"}, text[-4000:]
-    # the first line of each rank is the tail; every line after it was written while following
-    delays = [at - watcher.seen[(rank, line)] for rank, line, at in shown[2:] if (rank, line) in watcher.seen]
+    # the first line of each rank is the tail; every line after it was written while following (a text a
+    # rank writes more than once, as a blank line, cannot say when it was written: left out)
+    once = [(rank, line, at) for rank, line, at in shown[2:] if watcher.count.get((rank, line)) == 1]
+    delays = [at - watcher.seen[(rank, line)] for rank, line, at in once]
     assert len(delays) > 30, (len(delays), text[-3000:])
     worst = max(delays)
-    in_order = " ".join(f"{delay:.2f}" for delay in delays)
-    assert worst < LATENCY, f"a line showed {worst:.2f} s after its rank wrote it (in order: {in_order})"
+    in_order = "\n".join(
+        f"{at - watcher.seen[(rank, line)]:.2f} {at:.2f} {rank} {line}" for rank, line, at in once
+    )
+    said = f"a line showed {worst:.2f} s after its rank wrote it (delay, shown at, rank, line):\n{in_order}"
+    assert worst < LATENCY, said
     # Ctrl-C ended the following; the job goes on: its ranks still write
     sizes = rank_log(job, "node1", 1).stat().st_size
     time.sleep(2)

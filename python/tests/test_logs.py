@@ -321,40 +321,6 @@ def test_the_command_runs_itself_on_the_supervisor_s_node_once(
     assert answer.lines == [f"[{me} rank 0] r0 token ***", f"[{me} rank 1] r1 b"]
 
 
-def test_a_follow_s_next_answer_is_read_ahead_and_taken_by_the_next_ask(
-    job: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:
-    me = socket.gethostname()
-    write(job / "job.json", make_spec(nodes=[me], nproc_per_node=2, job_dir=str(job)).dumps())
-    monkeypatch.setattr(logs, "AHEAD_DIR", str(job.parent / "ahead"))
-    common = ["j1", "--jobs-dir", str(job.parent), "--tail", "1", "--first", me]
-    assert logs.main([*common, "--ahead", "5"]) == 0  # the tail; a reader of what comes next starts
-    offsets = job_logs.parse_answer(capfd.readouterr().out).offsets
-    time.sleep(0.5)
-    with open(rank_log(job, 1), "a") as handle:
-        handle.write("r1 while the answer travels\n")
-
-    def not_here(request: Request, mesh: Mesh) -> Any:
-        raise AssertionError("the next ask read the logs itself")
-
-    monkeypatch.setattr(logs, "answer_here", not_here)
-    follow_from = ["--follow-from", json.dumps(offsets), "--wait", "5"]
-    assert logs.main([*common, *follow_from]) == 0
-    answer = job_logs.parse_answer(capfd.readouterr().out)
-    assert answer.lines == [f"[{me} rank 1] r1 while the answer travels"]
-    assert list((job.parent / "ahead").iterdir()) == []  # taken: nothing left behind
-
-
-def test_without_an_answer_read_ahead_the_ask_reads_itself(
-    job: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(logs, "AHEAD_DIR", str(job.parent / "ahead"))
-    request = Request("j1", str(job.parent), 5, offsets={"0": [1, 2]}, wait=3)
-    started = time.monotonic()
-    assert logs.taken_ahead(request) is None
-    assert time.monotonic() - started < 0.5
-
-
 def test_the_command_names_a_job_no_node_has(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     me = socket.gethostname()
     assert logs.main(["nosuch", "--jobs-dir", str(tmp_path), "--nodes", me]) == 3
@@ -441,7 +407,6 @@ def test_follow_shows_the_tail_then_each_new_line_until_the_job_ends() -> None:
     ]
     assert result["lines"] == 4 and result["stopped"] == "ended" and result["state"] == "succeeded"
     assert "--follow-from" not in transport.commands[0]
-    assert all("--ahead 3" in command for command in transport.commands)  # each reads the next one ahead
     assert "--first n1" in transport.commands[1] and "'{\"0\":[1,2]}'" in transport.commands[1]
     assert '"1":[7,2]' in transport.commands[3]  # offsets of every log reached so far
     assert transport.commands[0].startswith("docker exec n0 /bin/bash -c ")
@@ -465,7 +430,6 @@ def test_without_follow_one_ask_and_done() -> None:
     transport = FakeTransport([answer(["[n1 rank 0] a"], {"0": [1, 2]})])
     result = job_logs.show(transport, "n0", LogsRequest("j1"), "/workspace/jobs", lambda line: None)
     assert len(transport.commands) == 1 and result["stopped"] == ""
-    assert "--ahead" not in transport.commands[0]
 
 
 def test_an_interrupt_stops_the_following_and_nothing_else() -> None:

@@ -127,12 +127,10 @@ def node_command(
     wait: float = 0.0,
     first: str = "",
     nodes: Sequence[str] = (),
-    ahead: float = 0.0,
 ) -> str:
     """The entry node's shell command (in its container): the last lines, or with ``offsets`` what came
     after them (waiting up to ``wait`` seconds for it); ``first``: the node that runs the job's supervisor
-    when an earlier answer said; ``nodes``: the cluster's, asked where the job is otherwise; ``ahead``: a
-    follow's, whose next ask is read ahead on the node (waiting up to that long)."""
+    when an earlier answer said; ``nodes``: the cluster's, asked where the job is otherwise."""
     argv = ["python", "-m", MODULE, request.job, "--jobs-dir", jobs_dir, "--tail", str(request.tail)]
     if request.rank is not None:
         argv += ["--rank", str(request.rank)]
@@ -146,8 +144,6 @@ def node_command(
         argv += ["--first", first]
     if nodes:
         argv += ["--nodes", ",".join(nodes)]
-    if ahead > 0:
-        argv += ["--ahead", f"{ahead:g}"]
     return f". {node_jobs.NODE_ENV} && " + " ".join(shlex.quote(arg) for arg in argv)
 
 
@@ -201,11 +197,9 @@ def ask(
     wait: float = 0.0,
     first: str = "",
     nodes: Sequence[str] = (),
-    ahead: float = 0.0,
 ) -> Answer:
-    """One ask of the entry node through ``transport``; LogsError with the node's own words when it failed.
-    ``ahead``: a follow's, whose next ask (waiting that long) the node reads ahead."""
-    command = node_command(request, jobs_dir, offsets, wait, first, nodes, ahead)
+    """One ask of the entry node through ``transport``; LogsError with the node's own words when it failed."""
+    command = node_command(request, jobs_dir, offsets, wait, first, nodes)
     try:
         done = transport.run(in_container(container, command, shell="/bin/bash"))
     except Unreachable as error:
@@ -233,8 +227,7 @@ def show(
     supervisor, how many lines were said and why the follow ended ('ended', 'interrupted' or '')."""
     started = time.monotonic()
     notes: list[str] = []
-    ahead = wait if request.follow else 0.0
-    answer = ask(transport, container, request, jobs_dir, nodes=nodes, ahead=ahead)
+    answer = ask(transport, container, request, jobs_dir, nodes=nodes)
     said = _say(answer, say, notes)
     offsets, first, stopped = answer.offsets, answer.first, ""
     while request.follow and not answer.done:
@@ -243,10 +236,10 @@ def show(
             say(f"job {request.job}: stopped following (Ctrl-C); the job goes on (jobs.yml lists it)")
             break
         try:
-            answer = ask(transport, container, request, jobs_dir, offsets, wait, first, nodes, ahead)
+            answer = ask(transport, container, request, jobs_dir, offsets, wait, first, nodes)
         except LogsError:
             # the node that ran the supervisor may be lost (another took the job over): find it again
-            answer = ask(transport, container, request, jobs_dir, offsets, wait, "", nodes, ahead)
+            answer = ask(transport, container, request, jobs_dir, offsets, wait, "", nodes)
         said += _say(answer, say, notes)
         offsets, first = {**offsets, **answer.offsets}, answer.first or first
     if request.follow and answer.done:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -47,12 +46,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from ddp_cluster.errors import DdpClusterError
-from ddp_cluster.files import write_atomic
 from ddp_cluster.job import logs as job_logs
 from ddp_cluster.job import node_jobs, results, secrets
 from ddp_cluster.job import spec as jobspec
@@ -72,11 +70,6 @@ SHARED = (
     *("-o", "ControlMaster=auto", "-o", "ControlPath=/tmp/ddp-logs-%C"),
     *("-o", f"ControlPersist={SHARE_SECONDS}"),
 )
-# Where a follow's next answer is read ahead (see look_ahead), and how long one nobody took is kept.
-AHEAD_DIR = "/tmp/ddp-logs-ahead"
-AHEAD_KEEP = 120.0
-AHEAD_LIFE = 30.0
-ROUND_GAP = 0.25
 TORCHRUN = "torchrun"
 ATTEMPT = re.compile(r"^attempt_(\d+)$")
 
@@ -365,9 +358,7 @@ class Request:
     wait: float = 0.0
 
 
-def answer_here(
-    request: Request, mesh: Mesh, answer_now: Callable[[], bool] = lambda: False
-) -> tuple[list[str], dict[str, Any]]:
+def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]]:
     """On the node that runs the job's supervisor: the prefixed, masked lines of the logs asked for, and the
     summary (see the module's text)."""
     job_dir = Path(request.jobs_dir, request.job_id)
@@ -399,7 +390,7 @@ def answer_here(
         remotes.append(Remote(mesh, node, command, wait + COMMAND_TIMEOUT, done))
 
     def stop(seconds: float) -> bool:
-        return done.wait(seconds) or _ended(job_dir) or answer_now()
+        return done.wait(seconds) or _ended(job_dir)
 
     # Without logs here it only waits (for a remote's lines, the job's end or the bound).
     local = wait_here(job_dir, by_node.get(mesh.me, []), request.offsets, request.tail, final, wait, stop)
@@ -498,10 +489,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--first", default="", help="the node that runs the job's supervisor, when known")
     parser.add_argument("--nodes", default="", help="the cluster's nodes, comma-separated (to find the job)")
     parser.add_argument("--read", default=None, help=argparse.SUPPRESS)  # one node's part (the first's ask)
-    parser.add_argument("--here", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--ahead", type=float, default=0.0, help="then read the next ask's answer ahead, waiting up to S s"
-    )  # forwarded: answer here
+    parser.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # forwarded: answer here
     return parser
 
 
@@ -530,8 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             again = ["python", "-m", job_logs.MODULE, *again]
             return forward(mesh, first, again, args.wait + 2 * COMMAND_TIMEOUT)
         request = Request(args.job_id, jobs_dir, args.tail, args.rank, args.node, offsets, args.wait)
-        found = taken_ahead(request) if offsets is not None else None
-        lines, summary = found or answer_here(request, mesh)
+        lines, summary = answer_here(request, mesh)
     except (DdpClusterError, ValueError) as error:
         print(f"ddp_cluster.supervisor.logs: {error}", file=sys.stderr)
         return 3 if isinstance(error, JobNotFound) else 2
@@ -540,127 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.write(line + "\n")
     out.write(json.dumps(summary, separators=(",", ":")) + "\n")
     out.flush()
-    if args.ahead and not summary["done"]:
-        reached = {**(offsets or {}), **summary["offsets"]}
-        look_ahead(Request(args.job_id, jobs_dir, args.tail, args.rank, args.node, reached, args.ahead), mesh)
     return 0
-
-
-def ahead_key(request: Request) -> str:
-    """The name of the answer read ahead for ``request`` (the same for the ask that comes next with it)."""
-    fields = [request.job_id, request.jobs_dir, request.tail, request.rank, request.node, request.wait]
-    text = json.dumps([fields, request.offsets], sort_keys=True, separators=(",", ":"))
-    return f"{request.job_id}-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
-
-
-def look_ahead(request: Request, mesh: Mesh) -> None:
-    """Read on for the next ask, in a process of its own that outlives this command (its output closed, so
-    the command ends at once): from the offsets this answer reached, round after round (each as an ask
-    reads: the other nodes at once, an answer at the first line), the lines gathered as they come until the
-    next ask asks for them (:func:`taken_ahead`), so that the lines a rank writes while an answer travels to
-    the controller and the next ask comes are read as they come, not when that ask starts its own readers.
-    It ends once taken, when the job ended, or after :data:`AHEAD_LIFE` seconds untaken (its answer then
-    waits for a late ask; one nobody took is removed by a later one after :data:`AHEAD_KEEP` seconds)."""
-    folder = Path(AHEAD_DIR)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key = ahead_key(request)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    child = os.fork()
-    if child:
-        (folder / f"{key}.pending").write_text(str(child))
-        return
-    try:
-        os.setsid()
-        quiet = os.open(os.devnull, os.O_RDWR)
-        for stream in (0, 1, 2):
-            os.dup2(quiet, stream)
-        for old in folder.glob("*"):
-            with contextlib.suppress(OSError):
-                if time.time() - old.stat().st_mtime > AHEAD_KEEP:
-                    old.unlink()
-        with contextlib.suppress(Exception):  # nothing to tell: the next ask reads the logs itself
-            _read_on(request, mesh, folder, key)
-    finally:
-        os._exit(0)
-
-
-def _read_on(request: Request, mesh: Mesh, folder: Path, key: str) -> None:
-    take = folder / f"{key}.take"
-    gathered: list[str] = []
-    offsets = dict(request.offsets or {})
-    notes: list[str] = []
-    ends = time.monotonic() + AHEAD_LIFE
-
-    def asked() -> float | None:
-        """The asker's deadline (epoch seconds) once the next ask came for the answer."""
-        try:
-            return float(take.read_text() or "0")
-        except (OSError, ValueError):
-            return None
-
-    def answer_now() -> bool:
-        deadline = asked()
-        return deadline is not None and (bool(gathered) or time.time() >= deadline)
-
-    while True:
-        lines, summary = answer_here(replace(request, offsets=offsets, wait=request.wait), mesh, answer_now)
-        gathered += lines
-        offsets.update(summary["offsets"])
-        notes += [note for note in summary["notes"] if note not in notes]
-        if summary["done"] or answer_now() or time.monotonic() > ends:
-            break
-        if lines:  # a rank that writes all the time: a round per ROUND_GAP at most (each costs every node)
-            pause = time.monotonic() + ROUND_GAP
-            while time.monotonic() < pause and asked() is None:
-                time.sleep(0.02)
-    summary.update(offsets=offsets, notes=notes)
-    write_atomic(folder / f"{key}.json", json.dumps({"lines": gathered, "summary": summary}).encode())
-
-
-def taken_ahead(request: Request) -> tuple[list[str], dict[str, Any]] | None:
-    """What :func:`look_ahead` gathered for ``request`` (waiting up to its wait for a first line), or None:
-    nothing was read ahead, or its reader is gone without an answer."""
-    folder = Path(AHEAD_DIR)
-    key = ahead_key(request)
-    result, pending, take = (folder / f"{key}{end}" for end in (".json", ".pending", ".take"))
-    if not pending.exists() and not result.exists():
-        return None
-    with contextlib.suppress(OSError):
-        take.write_text(str(time.time() + request.wait))
-    deadline = time.monotonic() + request.wait + COMMAND_TIMEOUT
-    while not result.exists() and time.monotonic() < deadline:
-        try:
-            reader = int(pending.read_text() or "0")
-        except (OSError, ValueError):
-            reader = 0
-        if not reader or not _alive(reader):
-            time.sleep(POLL / 4)  # the answer is written before the reader ends: one last look
-            if not result.exists():
-                break
-        time.sleep(0.02)
-    try:
-        data = json.loads(result.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    finally:
-        for path in (result, pending, take):
-            path.unlink(missing_ok=True)
-    return [str(line) for line in data["lines"]], dict(data["summary"])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a reader that ended but was not waited for (its parent exited first: init reaps it) is no reader
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _without(argv: Sequence[str], *options: str) -> list[str]:
