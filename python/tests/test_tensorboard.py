@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from ddp_cluster.runtime import metrics
 from ddp_cluster.runtime.metrics import (
     TENSORBOARD_FLUSH_SECONDS,
     TENSORBOARD_TAGS,
@@ -255,3 +259,123 @@ def test_an_empty_directory_variable_writes_no_event_files(
     assert train(tmp_path, "--epochs", "1") == 0
     assert not list(tmp_path.rglob("events.out.tfevents.*"))
     assert "TensorBoard" not in capsys.readouterr().out
+
+
+# -- a writer that dies or hangs never holds training --------------------------------------------------------
+class HungWriter:
+    """A SummaryWriter on a hung file system: its add_scalar and close never return (until released)."""
+
+    release = threading.Event()
+
+    def __init__(self, log_dir: str, **options: Any) -> None:
+        pass
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.release.wait()
+
+    def close(self) -> None:
+        self.release.wait()
+
+
+def test_a_hung_writer_never_blocks_a_write_and_close_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics, "TENSORBOARD_QUEUE_RECORDS", 5)
+    monkeypatch.setattr(metrics, "TENSORBOARD_CLOSE_SECONDS", 0.5)
+    monkeypatch.setattr(HungWriter, "release", threading.Event())
+    said: list[str] = []
+    board = TensorBoard(tmp_path / "tb", said.append, lambda: HungWriter)
+    board.open(0)
+    started = time.monotonic()
+    for number in range(50):
+        board.write(step(number, 1.0))
+    assert time.monotonic() - started < 0.5
+    assert len(said) == 1 and "TensorBoard stopped" in said[0] and "hung file system" in said[0]
+    board.close()
+    assert time.monotonic() - started < 1.0 and len(said) == 1 and not board.active
+    HungWriter.release.set()
+
+
+def test_a_close_that_hangs_is_said_and_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "TENSORBOARD_CLOSE_SECONDS", 0.3)
+    monkeypatch.setattr(HungWriter, "release", threading.Event())
+    said: list[str] = []
+    board = TensorBoard(tmp_path / "tb", said.append, lambda: HungWriter)
+    board.open(0)
+    started = time.monotonic()
+    board.close()
+    assert time.monotonic() - started < 1.0
+    assert len(said) == 1 and "could not close" in said[0] and "0.3 s" in said[0]
+    HungWriter.release.set()
+
+
+class DeadThreadWriter:
+    """tensorboardX's layout after its writer thread died: a further add_scalar would block forever."""
+
+    def __init__(self, log_dir: str, **options: Any) -> None:
+        worker = threading.Thread(target=lambda: None)
+        worker.start()
+        worker.join()
+        self.file_writer = SimpleNamespace(event_writer=SimpleNamespace(_worker=worker, _closed=False))
+        self.calls: list[str] = []
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self.calls.append("add_scalar")
+        threading.Event().wait()  # its full queue
+
+    def close(self) -> None:
+        self.calls.append("close")
+        threading.Event().wait()
+
+
+def test_a_writer_whose_thread_died_is_said_and_left_alone(tmp_path: Path) -> None:
+    made: list[DeadThreadWriter] = []
+    said: list[str] = []
+    board = TensorBoard(
+        tmp_path / "tb", said.append, lambda: lambda *a, **o: made.append(DeadThreadWriter(*a)) or made[-1]
+    )
+    board.open(0)
+    board.write(step(1, 1.0))
+    board.close()
+    assert len(said) == 1 and "writer's own thread stopped" in said[0] and "training goes on" in said[0]
+    # Never called into it, and its exit handler (tensorboardX closes at exit) finds it closed.
+    assert made[0].calls == [] and made[0].file_writer.event_writer._closed
+
+
+TB_FAIL = """
+import resource, sys, threading, time
+from pathlib import Path
+from ddp_cluster.runtime.metrics import TensorBoard
+if sys.argv[2] == "torch":
+    from torch.utils.tensorboard import SummaryWriter
+else:
+    from tensorboardX import SummaryWriter
+said = []
+board = TensorBoard(Path(sys.argv[1]), said.append, lambda: SummaryWriter)
+board.open(0)
+time.sleep(0.5)  # the file is open
+resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))  # EFBIG on the next writes (SIGXFSZ is ignored)
+for number in range(3000):
+    board.write({"kind": "step", "step": number, "loss": 1.0, "lr": 0.1, "samples_per_s": 3.0})
+    time.sleep(0.001)
+board.close()
+sys.stderr.write("SAID " + repr(said) + "\\n")
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("package", ["tensorboardX", "torch"])
+def test_an_event_file_that_cannot_be_written_stops_tensorboard_not_training(
+    tmp_path: Path, package: str
+) -> None:
+    # The real packages, past a file size limit: training's writes go on, rank 0 says it once, and the
+    # process exits (tensorboardX's exit handler closes its writer: it must not wait on a dead thread).
+    done = subprocess.run(
+        [sys.executable, "-c", TB_FAIL, str(tmp_path / "tb"), package],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("SAID ")]
+    assert said and said[0].count("TensorBoard stopped") == 1, done.stderr[-2000:]

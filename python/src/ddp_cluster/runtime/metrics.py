@@ -23,12 +23,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
 
 METRICS_FILE = "metrics.jsonl"
@@ -40,6 +43,10 @@ TENSORBOARD_SUBDIR = "tensorboard"  # under the output directory, when the varia
 # to tensorboardX's flush does not wait for its thread to have written the events, so it would promise nothing
 # more, and it costs some 0.85 ms a record against 0.15 ms for the four scalars.
 TENSORBOARD_FLUSH_SECONDS = 1
+# What training may get ahead of the writer's thread (records, each a few scalars) before TensorBoard stops:
+# a writer that far behind hangs. And what closing waits, at most, for the queued records and the file.
+TENSORBOARD_QUEUE_RECORDS = 1000
+TENSORBOARD_CLOSE_SECONDS = 10
 TENSORBOARD_TAGS: dict[str, dict[str, str]] = {
     "step": {
         "loss": "train/loss",
@@ -83,7 +90,14 @@ class TensorBoard:
     (:data:`TENSORBOARD_TAGS`), on disk within :data:`TENSORBOARD_FLUSH_SECONDS`.
 
     It never stops training: without a writer package (a user's own image), or when a write fails (a full
-    disk), it says so once on rank 0's log and writes no more.
+    disk, an NFS error), it says so once on rank 0's log and writes no more. Training never waits on it: the
+    writer is opened, written and closed in a thread of ours, fed through a queue of
+    :data:`TENSORBOARD_QUEUE_RECORDS` records that :meth:`write` never blocks on (a full queue means the
+    writer hangs: a hung file system; TensorBoard then stops), and :meth:`close` waits at most
+    :data:`TENSORBOARD_CLOSE_SECONDS`. Why: both writer packages write in a thread of their own behind a queue
+    of ten events; when that thread dies (tensorboardX's, on an OSError, without a word) or hangs, their
+    ``add_scalar`` and ``close`` block forever, and rank 0 with them, the other ranks waiting in their
+    collectives until the stall watchdog.
     """
 
     def __init__(
@@ -95,11 +109,15 @@ class TensorBoard:
         self.directory = directory
         self._warn = warn
         self._writer_factory = writer_factory
-        self._writer: Any = None
+        self._queue: queue.Queue[list[tuple[str, float, int]] | None] | None = None
+        self._thread: threading.Thread | None = None
+        # Set by our thread, read by training's: (what it was doing, the error or a sentence).
+        self._failure: tuple[str, str] | None = None
+        self._said = False
 
     @property
     def active(self) -> bool:
-        return self._writer is not None
+        return self._queue is not None and self._failure is None
 
     def open(self, start_step: int) -> None:
         """A new event file in the directory (each attempt of a job writes its own). ``start_step``: the step
@@ -118,49 +136,145 @@ class TensorBoard:
             )
             self.directory = None
             return
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            # A suffix of nanoseconds: two attempts started in the same second on one host (the writers name
-            # files by the second and the host) still get two files, in the order they started.
-            self._writer = factory(
-                str(self.directory),
-                purge_step=start_step + 1,
-                flush_secs=TENSORBOARD_FLUSH_SECONDS,
-                filename_suffix=f".{time.time_ns()}",
-            )
-        except Exception as error:  # whatever the writer raises, training goes on
-            self._fail("open", error)
+        self._queue = queue.Queue(TENSORBOARD_QUEUE_RECORDS)
+        # A daemon: a writer that hangs for good never keeps the process from exiting.
+        self._thread = threading.Thread(
+            target=self._run, args=(factory, self.directory, start_step, self._queue), daemon=True
+        )
+        self._thread.start()
 
     def write(self, record: Mapping[str, Any]) -> None:
-        if self._writer is None:
+        """Hand the record's scalars to the writer's thread; never blocks."""
+        if self._queue is None:
+            return
+        if self._failure is not None:
+            self._stop()
             return
         tags = TENSORBOARD_TAGS.get(str(record.get("kind")), {})
         try:
             step = int(record["step"])
-            for field, tag in tags.items():
-                value = record.get(field)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._writer.add_scalar(tag, float(value), step)
-        except Exception as error:  # whatever the writer raises, training goes on
-            self._fail("write", error)
+        except (KeyError, TypeError, ValueError):
+            return  # not a record of a step: nothing to plot
+        scalars = [
+            (tag, float(value), step)
+            for field, tag in tags.items()
+            if isinstance(value := record.get(field), (int, float)) and not isinstance(value, bool)
+        ]
+        if not scalars:
+            return
+        try:
+            self._queue.put_nowait(scalars)
+        except queue.Full:
+            self._failure = (
+                "write",
+                f"its writer is {TENSORBOARD_QUEUE_RECORDS} records behind (a hung file system?)",
+            )
+            self._stop()
 
     def close(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            try:
-                writer.close()
-            except Exception as error:  # whatever the writer raises, training goes on
-                self._warn(f"note: TensorBoard's event file in {self.directory} did not close: {error}")
+        """Write what is queued and close the file, waiting at most :data:`TENSORBOARD_CLOSE_SECONDS`."""
+        if self._queue is None or self._thread is None:
+            return
+        if self._failure is None:
+            with contextlib.suppress(queue.Full):  # full: the join below times out and says so
+                self._queue.put_nowait(None)
+            self._thread.join(TENSORBOARD_CLOSE_SECONDS)
+            if self._thread.is_alive() and self._failure is None:
+                self._failure = (
+                    "close",
+                    f"its writer did not finish within {TENSORBOARD_CLOSE_SECONDS} s (a hung file system?)",
+                )
+        self._stop()
 
-    def _fail(self, action: str, error: Exception) -> None:
-        self._warn(
-            f"note: TensorBoard stopped: could not {action} an event file in {self.directory} "
-            f"({type(error).__name__}: {error}); training goes on, metrics.jsonl has every record"
+    def _stop(self) -> None:
+        """Say the failure once and write no more; our thread, if it still runs, is left to itself."""
+        self._queue = None
+        if self._failure is not None and not self._said:
+            self._said = True
+            action, error = self._failure
+            self._warn(
+                f"note: TensorBoard stopped: could not {action} an event file in {self.directory} ({error}); "
+                "training goes on, metrics.jsonl has every record"
+            )
+
+    # -- our writer thread ---------------------------------------------------------------------------------
+    def _run(
+        self,
+        factory: WriterFactory,
+        directory: Path,
+        start_step: int,
+        records: queue.Queue[list[tuple[str, float, int]] | None],
+    ) -> None:
+        action = "open"
+        writer: Any = None
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            # A suffix of nanoseconds: two attempts started in the same second on one host (the writers name
+            # files by the second and the host) still get two files, in the order they started.
+            writer = factory(
+                str(directory),
+                purge_step=start_step + 1,
+                flush_secs=TENSORBOARD_FLUSH_SECONDS,
+                filename_suffix=f".{time.time_ns()}",
+            )
+            action = "write"
+            while (scalars := records.get()) is not None:
+                for tag, value, step in scalars:
+                    _check_writer_thread(writer)
+                    writer.add_scalar(tag, value, step)
+            action = "close"
+            _check_writer_thread(writer)
+            writer.close()
+        except Exception as error:  # whatever the writer raises, training goes on
+            self._failure = (action, f"{type(error).__name__}: {error}")
+            if writer is not None:
+                _abandon(writer)
+
+
+class WriterThreadDied(DdpClusterError):
+    """The writer package's own thread stopped (its error went to stderr)."""
+
+
+def _writer_thread(writer: Any) -> Any:
+    """The writer package's thread that writes the event file, if this version is known; else None.
+    tensorboardX: ``writer.file_writer.event_writer._worker``; torch's (tensorboard's):
+    ``writer.file_writer.event_writer._async_writer._worker``. Internals: every step is guarded."""
+    event_writer = getattr(getattr(writer, "file_writer", None), "event_writer", None)
+    if event_writer is None:
+        return None
+    holder = getattr(event_writer, "_async_writer", event_writer)
+    return getattr(holder, "_worker", None)
+
+
+def _check_writer_thread(writer: Any) -> None:
+    """Raise when the writer package's thread has died: a write after that would queue until its queue is
+    full and then block forever."""
+    thread = _writer_thread(writer)
+    if thread is None:
+        return
+    exception = getattr(thread, "exception", None)  # tensorboard's thread keeps its error
+    if isinstance(exception, BaseException):
+        raise WriterThreadDied(f"{type(exception).__name__}: {exception}")
+    is_alive = getattr(thread, "is_alive", None)
+    if callable(is_alive) and not is_alive():
+        raise WriterThreadDied(
+            "the writer's own thread stopped (its error is on stderr: a full disk, a file size limit?)"
         )
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            with contextlib.suppress(Exception):  # the failure above is what the log says
-                writer.close()
+
+
+def _abandon(writer: Any) -> None:
+    """Leave a failed writer for good: close it only if its thread still runs (closing one whose thread died
+    waits forever on its full queue), and mark its event writer closed, so that tensorboardX's exit handler,
+    which closes it too, does not hang the process's exit."""
+    thread = _writer_thread(writer)
+    is_alive = getattr(thread, "is_alive", None)
+    if thread is None or (callable(is_alive) and is_alive()):
+        with contextlib.suppress(Exception):  # the failure is what the log says
+            writer.close()
+    event_writer = getattr(getattr(writer, "file_writer", None), "event_writer", None)
+    if event_writer is not None and hasattr(event_writer, "_closed"):
+        with contextlib.suppress(Exception):
+            event_writer._closed = True
 
 
 class Reporter:
