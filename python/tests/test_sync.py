@@ -214,6 +214,43 @@ def test_a_job_directory_reached_through_a_link_is_refused(tmp_path: Path) -> No
         node_sync.part(str(jobs / JOB), str(jobs.parent), {}, node_sync.BUDGET)
 
 
+@pytest.mark.parametrize(
+    "secrets_json", [None, "{not json", json.dumps({"TOKEN": SECRET, "pad": "x" * (1 << 20)})]
+)
+def test_a_job_with_secrets_whose_values_cannot_be_read_sends_nothing(
+    tmp_path: Path, secrets_json: str | None
+) -> None:
+    # secrets.json gone (a collect took it), invalid, or over what is read: the logs could not be masked.
+    make_job(tmp_path)
+    first = job_dir(tmp_path, "node0")
+    spec = json.loads((first / "job.json").read_text())
+    (first / "job.json").write_text(json.dumps({**spec, "secret_env": ["TOKEN"]}))
+    if secrets_json is None:
+        (first / "secrets.json").unlink()
+    else:
+        (first / "secrets.json").write_text(secrets_json)
+    for check in (False, True):
+        with pytest.raises(node_sync.SyncError, match=r"has secrets \(secret_env\) but its secrets\.json"):
+            node_sync.part(str(first), str(first.parent.parent), {}, node_sync.BUDGET, check)
+    (first / "job.json").write_text("{torn")  # cannot tell whether it has secrets: nothing on a guess
+    with pytest.raises(node_sync.SyncError, match=r"its job\.json cannot be read"):
+        node_sync.part(str(first), str(first.parent.parent), {}, node_sync.BUDGET)
+
+
+def test_a_job_without_secrets_or_with_them_readable_is_sent(tmp_path: Path) -> None:
+    make_job(tmp_path)
+    first = job_dir(tmp_path, "node0")
+    spec = json.loads((first / "job.json").read_text())
+    (first / "job.json").write_text(json.dumps({**spec, "secret_env": ["TOKEN"]}))
+    answer = node_sync.part(str(first), str(first.parent.parent), {}, node_sync.BUDGET)
+    assert sum(entry["masked"] for entry in answer["files"]) == 2
+    (first / "secrets.json").write_text(json.dumps({"TOKEN": "abc"}))  # too short to be masked: none to hide
+    assert node_sync.part(str(first), str(first.parent.parent), {}, node_sync.BUDGET)["files"]
+    (first / "job.json").write_text(json.dumps(spec))  # no secret_env
+    (first / "secrets.json").unlink()
+    assert node_sync.part(str(first), str(first.parent.parent), {}, node_sync.BUDGET)["files"]
+
+
 # --- the controller's merge and the bytes moved -------------------------------------------------------------
 
 

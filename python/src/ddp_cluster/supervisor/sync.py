@@ -69,6 +69,7 @@ MIN_NODE_BUDGET = 1 << 20
 COLLECT_ONLY = (pack.CHECKPOINTS, "workdir", "heartbeat")
 # Of the files a node leaves out (a fifo, a socket), the first few are named.
 SHOWN = 5
+JOB_FILE_LIMIT = 4 << 20  # a job.json is a few kB: more is not one
 # A node asked over the mesh answers within this (a first sync of a large output takes a while).
 PART_TIMEOUT = 600
 
@@ -299,8 +300,11 @@ def part(
         raise SyncError(str(error)) from None
     buffer = io.BytesIO()
     try:
+        secrets = pack.read_secrets(job)
+        if not secrets:
+            _refuse_unmaskable(job, job_dir)
         with _archive(buffer, check) as tar:
-            packer = _Packer(dict(held), pack.read_secrets(job), budget, check, [], [], tar)
+            packer = _Packer(dict(held), secrets, budget, check, [], [], tar)
             for entry in walk(job):
                 if entry.kind == "link":
                     packer.link(entry)
@@ -321,6 +325,42 @@ def part(
         "left_out": packer.left_out[:SHOWN],
         "left_out_count": len(packer.left_out),
     }
+
+
+def _refuse_unmaskable(job: int, job_dir: str) -> None:
+    """Raise :class:`SyncError` when the job has secrets (job.json's ``secret_env``) but none of their values
+    was read (secrets.json gone, unreadable, invalid or too large): what this node would send could not be
+    masked. A job.json that cannot be read counts as one with secrets: nothing is sent unmasked on a guess."""
+    declared: object = None
+    try:
+        descriptor = os.open(jobspec.JOB_FILE, pack.FILE, dir_fd=job)
+        with os.fdopen(descriptor, "rb") as handle:
+            found = json.loads(handle.read(JOB_FILE_LIMIT + 1)[:JOB_FILE_LIMIT].decode("utf-8"))
+        declared = found.get("secret_env") if isinstance(found, dict) else None
+        readable = isinstance(found, dict)
+    except (OSError, ValueError):
+        readable = False
+    if readable and not declared:
+        return
+    if readable and _secrets_parse(job):
+        return  # every value shorter than what is masked: nothing to hide
+    why = "its secrets.json is missing, unreadable or invalid" if readable else "its job.json cannot be read"
+    raise SyncError(
+        f"job {os.path.basename(job_dir)} has secrets (secret_env) but {why} on {socket.gethostname()}, so"
+        " its files could not be masked: nothing of it is sent from this node (its results, masked, come"
+        " with the final collect: train.yml -e attach=ID)"
+    )
+
+
+def _secrets_parse(job: int) -> bool:
+    """Whether secrets.json holds a JSON object within what :func:`pack.read_secrets` reads."""
+    try:
+        descriptor = os.open(pack.SECRETS, pack.FILE, dir_fd=job)
+        with os.fdopen(descriptor, "rb") as handle:
+            data = handle.read((1 << 20) + 1)
+        return len(data) <= 1 << 20 and isinstance(json.loads(data.decode("utf-8")), dict)
+    except (OSError, ValueError):
+        return False
 
 
 @contextlib.contextmanager
