@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -439,3 +440,242 @@ def test_npu_links_are_asked_every_few_samples_and_a_link_down_is_a_fault(tmp_pa
     assert sampling.fault() == sampler.DeviceFault("n0", 6, "link down (hccn_tool)", 5.0)
     records = [json.loads(line) for line in (tmp_path / "telemetry" / "n0.jsonl").read_text().splitlines()]
     assert [record["devices"][6]["link"] for record in records] == ["up", None, None, None, "down"]
+
+
+# --- the common faults: a device gone, a GPU that needs a reset, any health word of npu-smi ----------------
+GPU_LOST = (
+    "0, 97, 72908, 81559, 61, 0\n"
+    "Unable to determine the device handle for GPU 00000000:19:00.0: GPU is lost. Reboot the system to"
+    " recover this GPU\n"
+)
+
+
+def gpu_answer(text: str, rc: int = 0) -> str:
+    return answer(40.0, devices=f"@@nvidia-smi\n{text}@@tool-rc {rc}\n")
+
+
+def test_a_gpu_no_longer_listed_is_a_fault_quoting_what_nvidia_smi_said() -> None:
+    before = telemetry.read_sample(gpu_answer("0, 97, 72908, 81559, 61, 0\n1, 90, 72908, 81559, 60, 0\n"))
+    after = telemetry.read_sample(gpu_answer(GPU_LOST, rc=15))
+    assert before is not None and after is not None and after.listed
+    first = {int(device["index"]): device for device in before.devices}
+    assert telemetry.device_faults(first, after.devices, after.listed, after.said) == [
+        (
+            1,
+            "no longer listed by nvidia-smi (Unable to determine the device handle for GPU"
+            " 00000000:19:00.0: GPU is lost. Reboot the system to recover this GPU)",
+        )
+    ]
+
+
+def test_a_vendor_tool_cut_off_by_its_timeout_lists_nothing_and_finds_no_device_gone() -> None:
+    before = telemetry.read_sample(gpu_answer("0, 97, 72908, 81559, 61, 0\n"))
+    cut = telemetry.read_sample(gpu_answer("", rc=124))
+    assert before is not None and cut is not None and not cut.listed
+    first = {int(device["index"]): device for device in before.devices}
+    assert telemetry.device_faults(first, cut.devices, cut.listed, cut.said) == []
+    # the driver gone (nvidia-smi answered, listing nothing): every GPU gone
+    gone = telemetry.read_sample(gpu_answer("NVIDIA-SMI has failed because it couldn't communicate\n", 9))
+    assert gone is not None and telemetry.device_faults(first, gone.devices, gone.listed, gone.said) == [
+        (0, "no longer listed by nvidia-smi")
+    ]
+    script = telemetry.sample_script("[/]x/", "npu")
+    assert f"timeout -k {telemetry.KILL_AFTER} {telemetry.TOOL_TIMEOUT}" in script
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "1, [GPU requires reset], [GPU requires reset], [GPU requires reset], [GPU requires reset],"
+        " [GPU requires reset]",
+        "1, [N/A], [N/A], [N/A], [N/A], [N/A]",
+        "1, 0, 1, 81559, 40, [Unknown Error]",
+    ],
+)
+def test_a_gpu_row_of_errors_or_nothing_is_critical_and_a_fault(row: str) -> None:
+    healthy = gpu.gpu_telemetry("1, 90, 72908, 81559, 60, 0\n")
+    (broken,) = gpu.gpu_telemetry(row + "\n")
+    assert (broken["index"], broken["health"]) == (1, "critical")
+    assert telemetry.problem(broken) == "health critical"
+    assert telemetry.device_faults({1: healthy[0]}, [broken]) == [(1, "health critical (nvidia-smi)")]
+
+
+def npu_table(health: str) -> str:
+    """Two devices of a 910B3 table, the second's health ``health``."""
+    return (
+        "| 0     910B3               | OK            | 101.8       43                0    / 0             |\n"
+        "| 0                         | 0000:C1:00.0  | 0           0    / 0          3318 / 65536         |\n"
+        "+===========================+===============+====================================================+\n"
+        f"| 1     910B3               | {health:<14}| 92.2        44                0    / 0             |\n"
+        "| 0                         | 0000:C2:00.0  | 0           0    / 0          3317 / 65536         |\n"
+        "+===========================+===============+====================================================+\n"
+    )
+
+
+@pytest.mark.parametrize("word", ["Unknown", "NA", "Abnormal", "UNKNOWN", "critical"])
+def test_an_npu_of_any_health_word_keeps_its_row_and_is_a_fault(word: str) -> None:
+    first = {int(device["index"]): device for device in npu.npu_telemetry(npu_table("OK"))}
+    devices = npu.npu_telemetry(npu_table(word))
+    assert [(device["index"], device["memory_used_mb"]) for device in devices] == [(0, 3318.0), (1, 3317.0)]
+    assert devices[1]["health"] == word.lower()
+    assert telemetry.device_faults(first, devices) == [(1, f"health {word.lower()} (npu-smi)")]
+
+
+def test_an_npu_warning_is_a_problem_in_the_record_but_no_fault() -> None:
+    first = {int(device["index"]): device for device in npu.npu_telemetry(npu_table("OK"))}
+    devices = npu.npu_telemetry(npu_table("Warning"))
+    assert telemetry.problem(devices[1]) == "health warning"
+    assert telemetry.device_faults(first, devices) == []
+    alarm = npu.npu_telemetry(npu_table("Alarm"))
+    assert telemetry.device_faults({1: devices[1]}, alarm[1:]) == [(1, "health alarm (npu-smi)")]
+
+
+def test_the_script_on_a_gpu_node_and_gpus_lost_or_needing_a_reset(job_process: str, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "config.json").write_text(json.dumps({"gpu_count": 3}))
+    before = telemetry.read_sample(run_script(job_process, "gpu", state))
+    assert before is not None and len(before.devices) == 3
+    for index, fault in ((1, "lost"), (2, "reset")):
+        subprocess.run(
+            [sys.executable, str(DOUBLES / "nvidia-smi"), "double-set-fault", "-i", str(index), fault],
+            env={**os.environ, "DDP_DOUBLES_STATE": str(state)},
+            check=True,
+        )
+    after = telemetry.read_sample(run_script(job_process, "gpu", state))
+    assert after is not None
+    first = {int(device["index"]): device for device in before.devices}
+    (lost, reset) = telemetry.device_faults(first, after.devices, after.listed, after.said)
+    assert lost[0] == 1 and lost[1].startswith("no longer listed by nvidia-smi (Unable to determine")
+    assert reset == (2, "health critical (nvidia-smi)")
+
+
+def test_the_script_on_an_npu_node_and_a_device_of_unknown_health(job_process: str, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    before = telemetry.read_sample(run_script(job_process, "npu", state))
+    assert before is not None
+    subprocess.run(
+        [sys.executable, str(DOUBLES / "npu-smi"), "double-set-health", "-i", "4", "Unknown"],
+        env={**os.environ, "DDP_DOUBLES_STATE": str(state)},
+        check=True,
+    )
+    after = telemetry.read_sample(run_script(job_process, "npu", state))
+    assert after is not None and len(after.devices) == 8
+    assert after.devices[4]["link"] == "up"  # its link asked too: the device row is found by its name
+    first = {int(device["index"]): device for device in before.devices}
+    assert telemetry.device_faults(first, after.devices, after.listed) == [(4, "health unknown (npu-smi)")]
+
+
+def test_hung_hccn_tools_are_killed_and_asked_all_at_once(
+    job_process: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight hccn_tools that ignore SIGTERM: each killed KILL_AFTER seconds after its timeout, all at once
+    (one after the other, they would take 8 x (TOOL_TIMEOUT + KILL_AFTER))."""
+    monkeypatch.setattr(telemetry, "TOOL_TIMEOUT", 1)
+    monkeypatch.setattr(telemetry, "KILL_AFTER", 1, raising=False)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "hccn_tool").write_text("#!/bin/sh\ntrap '' TERM\nexec sleep 60\n")
+    (tools / "hccn_tool").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{tools}:{DOUBLES}:{os.environ['PATH']}",
+        "DDP_DOUBLES_STATE": str(tmp_path / "state"),
+    }
+    began = time.monotonic()
+    done = subprocess.run(
+        ["sh", "-c", telemetry.sample_script(pattern(job_process), "npu")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    took = time.monotonic() - began
+    sample = telemetry.read_sample(done.stdout)
+    assert sample is not None and len(sample.devices) == 8
+    assert {device["link"] for device in sample.devices} == {None}
+    assert took < 6, took
+
+
+# --- the sampler's check, and a fault of a node that left ---------------------------------------------------
+def healthy_or_gone(gone: set[str]) -> Any:
+    """A runner: each node answers two healthy GPUs; a node in ``gone`` lists GPU 0 only (GPU 1 lost)."""
+
+    def run(node: str, command: str, timeout: float) -> str:
+        rows = "0, 10, 1, 81559, 40, 0\n" + ("" if node in gone else "1, 10, 1, 81559, 40, 0\n")
+        return gpu_answer(rows if node not in gone else rows + GPU_LOST.splitlines()[1] + "\n", 15)
+
+    return run
+
+
+def test_a_check_samples_once_when_no_fault_is_known(tmp_path: Path) -> None:
+    gone: set[str] = set()
+    sampling = sampler.Sampler(tmp_path, lambda: ["n0", "n1"], "gpu", "/x/", 15.0, healthy_or_gone(gone))
+    sampling.sample()
+    assert sampling.check() is None
+    gone.add("n1")
+    fault = sampling.check()
+    assert fault is not None and (fault.node, fault.device) == ("n1", 1)
+    assert fault.problem.startswith("no longer listed by nvidia-smi")
+    asked: list[str] = []
+    off = sampler.Sampler(tmp_path, ["n1"].copy, "gpu", "/x/", 0, lambda *args: asked.append(args[0]) or "")
+    assert off.check() is None and asked == []  # the telemetry off: no sample
+
+
+def test_a_check_is_bounded_whatever_a_node_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sampler, "CHECK_GRACE", 0.1)
+    release = threading.Event()
+
+    def stuck(node: str, command: str, timeout: float) -> str:
+        release.wait(10)
+        return ""
+
+    sampling = sampler.Sampler(tmp_path, lambda: ["n0"], "gpu", "/x/", 15.0, stuck)
+    sampling.timeout = 0.2
+    began = time.monotonic()
+    assert sampling.check() is None
+    release.set()
+    assert time.monotonic() - began < 1.0
+
+
+def test_a_fault_of_a_node_no_longer_in_the_job_is_ignored(tmp_path: Path) -> None:
+    watched = ["n0", "n1"]
+    sampling = sampler.Sampler(tmp_path, lambda: list(watched), "gpu", "/x/", 15.0, healthy_or_gone(set()))
+    sampling.sample()
+    sampling.run = healthy_or_gone({"n1"})
+    sampling.sample()
+    assert sampling.fault() is not None
+    sampling.forget("n1")
+    sampling.sample()  # a sample under way while n1 was being drained finds its GPU gone again
+    watched.remove("n1")
+    assert sampling.fault() is None
+    sampling.run = healthy_or_gone({"n0"})
+    sampling.sample()
+    fault = sampling.fault()
+    assert fault is not None and fault.node == "n0"  # the next fault is kept, not the left node's
+
+
+def test_the_watch_checks_the_devices_when_the_launcher_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device fault kills the ranks at once: the launcher fails before the next periodic sample; the
+    watch's one sample names the device, and the failure is a device fault (the restart leaves the node)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_supervise_restart import faked
+
+    supervisor, _ = faked(tmp_path, monkeypatch)
+    gone: set[str] = set()
+    supervisor.telemetry = sampler.Sampler(
+        supervisor.job_dir, lambda: list(supervisor.nodes), "gpu", "/x/", 15.0, healthy_or_gone(gone)
+    )
+    supervisor.telemetry.sample()
+    gone.add("n1")  # GPU 1 of n1 falls off the bus; the ranks die with it
+    monkeypatch.setattr(supervisor.mesh, "down_now", lambda nodes, pool: [])
+    process = SimpleNamespace(poll=lambda: 1, returncode=1)
+    tree = SimpleNamespace(lost=lambda: (), suspects=lambda: [])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failure = supervisor.watch(process, pool, tree)  # type: ignore[arg-type]
+    assert failure is not None and failure.cause == failures.DEVICE_FAULT
+    assert (failure.node, failure.device) == ("n1", 1)
+    assert failure.reason.startswith("device-fault: node n1 device 1: no longer listed by nvidia-smi")

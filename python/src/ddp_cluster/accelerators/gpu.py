@@ -90,8 +90,13 @@ TELEMETRY_ARGV = (
     f"--query-gpu={','.join(TELEMETRY_FIELDS)}",
     "--format=csv,noheader,nounits",
 )
-# nvidia-smi's words for a value it does not have (a GPU without ECC, a field the driver lacks).
-NOT_AVAILABLE = {"[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", ""}
+# nvidia-smi's words for a value it does not have (a GPU without ECC, a field the driver lacks). Any other
+# text where a number belongs is the driver's error about the GPU (``[GPU requires reset]``,
+# ``[GPU is lost]``, ``[Unknown Error]``).
+NOT_AVAILABLE = {"[n/a]", "n/a", "[not supported]", "not supported", ""}
+# What nvidia-smi prints instead of a GPU's row when it cannot reach the GPU (``Unable to determine the
+# device handle for GPU 0000:3B:00.0: GPU is lost. Reboot the system to recover this GPU``).
+GPU_ERROR = re.compile(r"GPU is lost|requires? reset|Unable to determine the device handle", re.IGNORECASE)
 
 
 def _number(cell: str) -> float | None:
@@ -104,17 +109,25 @@ def _number(cell: str) -> float | None:
         return None
 
 
+def _is_error(cell: str) -> bool:
+    return _number(cell) is None and cell.strip().lower() not in NOT_AVAILABLE
+
+
 def gpu_telemetry(text: str) -> list[dict[str, Any]]:
     """One reading per GPU from :data:`TELEMETRY_ARGV`'s output (``0, 97, 72908, 81559, 61, 0``): index,
     utilisation (%), memory used and total (MiB), temperature (C), uncorrectable ECC errors since the driver
-    loaded (None without ECC: ``[N/A]``). Lines that are no GPU's (the driver's error message) are left
-    out."""
+    loaded (None without ECC: ``[N/A]``), health: ``critical`` for a row whose values are all missing or
+    hold the driver's error text (``[GPU requires reset]``: the GPU answers no query), else ``ok``. Lines
+    that are no GPU's (the driver's error message) are left out (:func:`tool_errors`)."""
     found: list[dict[str, Any]] = []
     for line in str(text or "").splitlines():
         cells = [cell.strip() for cell in line.split(",")]
         if len(cells) != len(TELEMETRY_FIELDS) or not cells[0].isdigit():
             continue
         utilization, used, total, temperature, ecc = (_number(cell) for cell in cells[1:])
+        broken = any(_is_error(cell) for cell in cells[1:]) or all(
+            value is None for value in (utilization, used, total, temperature, ecc)
+        )
         found.append(
             {
                 "index": int(cells[0]),
@@ -123,9 +136,14 @@ def gpu_telemetry(text: str) -> list[dict[str, Any]]:
                 "memory_used_mb": used,
                 "memory_total_mb": total,
                 "temperature_c": temperature,
-                "health": "ok",
+                "health": "critical" if broken else "ok",
                 "ecc_uncorrectable": None if ecc is None else int(ecc),
                 "link": None,
             }
         )
     return found
+
+
+def tool_errors(text: str) -> list[str]:
+    """nvidia-smi's lines about a GPU it cannot reach (:data:`GPU_ERROR`), as printed."""
+    return [line.strip() for line in str(text or "").splitlines() if GPU_ERROR.search(line)]

@@ -96,7 +96,8 @@ NPU = Accelerator(
 
 
 # --- telemetry --------------------------------------------------------------------------------------------
-# npu-smi's Health words (the npu-smi manual: OK, Warning, Alarm, Critical, UNKNOWN).
+# npu-smi's Health words (the npu-smi manual: OK, Warning, Alarm, Critical, UNKNOWN); drivers print others
+# too (Unknown, NA, Abnormal): a device row's health cell is read whatever it says.
 HEALTH_WORDS = ("OK", "Warning", "Alarm", "Critical", "UNKNOWN")
 TELEMETRY_ARGV = ("npu-smi", "info")
 # A chip row's figures: AICore(%), Memory-Usage(MB) used / total, then (training chips) HBM-Usage(MB) used /
@@ -110,11 +111,11 @@ def _cells(line: str) -> list[str]:
 
 
 def npu_telemetry(text: str) -> list[dict[str, Any]]:
-    """One reading per NPU from ``npu-smi info``'s chip table: its health (lower case: ok, warning, alarm,
-    critical, unknown), temperature (C), AICore utilisation (%) and memory (HBM where the chip has it, else
-    its DDR), used and total (MB). A device's row (``| 0  910B3 | OK | 101.8  43  0 / 0 |``) is followed by
-    its chips' rows (``| 0  | 0000:C1:00.0 | 0  0 / 0  3318 / 65536 |``); the process table after them is
-    not read."""
+    """One reading per NPU from ``npu-smi info``'s chip table: its health (lower case, whatever word npu-smi
+    printed: ok, warning, alarm, critical, unknown, na, abnormal, ...; none: unknown), temperature (C),
+    AICore utilisation (%) and memory (HBM where the chip has it, else its DDR), used and total (MB). A
+    device's row (``| 0  910B3 | OK | 101.8  43  0 / 0 |``) is followed by its chips' rows
+    (``| 0  | 0000:C1:00.0 | 0  0 / 0  3318 / 65536 |``); the process table after them is not read."""
     found: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     for line in str(text or "").splitlines():
@@ -126,7 +127,7 @@ def npu_telemetry(text: str) -> list[dict[str, Any]]:
         if len(cells) < 3:
             continue
         first = cells[0].split()
-        if cells[1] in HEALTH_WORDS and first and first[0].isdigit():
+        if _device_row(first, cells[1]):
             figures = cells[2].split()
             current = {
                 "index": int(first[0]),
@@ -135,7 +136,7 @@ def npu_telemetry(text: str) -> list[dict[str, Any]]:
                 "memory_used_mb": None,
                 "memory_total_mb": None,
                 "temperature_c": float(figures[1]) if len(figures) > 1 and _is_number(figures[1]) else None,
-                "health": cells[1].lower(),
+                "health": " ".join(cells[1].split()).lower() or "unknown",
                 "ecc_uncorrectable": None,
                 "link": None,
             }
@@ -156,6 +157,16 @@ def npu_telemetry(text: str) -> list[dict[str, Any]]:
             before = current[key]
             current[key] = float(value) + (before if isinstance(before, float) else 0.0)
     return found
+
+
+def _device_row(first: list[str], health: str) -> bool:
+    """Whether a row is a device's: its first cell holds the device's id and its name (``0  910B3``), where a
+    chip's holds its id alone (``0``) or its id and device number (``0  0``); or its health is one of the
+    manual's words."""
+    if not first or not first[0].isdigit():
+        return False
+    named = len(first) > 1 and not first[1].isdigit()
+    return named or health.upper() in (word.upper() for word in HEALTH_WORDS)
 
 
 def _is_number(text: str) -> bool:

@@ -11,7 +11,8 @@ tool; ``/proc`` read with the shell's own ``read``). It prints sections, each op
     @@procs                     one /proc/PID/stat line per process of the job (its command line holds JOB/)
     @@nvidia-smi                gpu: nvidia-smi --query-gpu=... --format=csv,noheader,nounits
     @@npu-smi                   npu: npu-smi info (the chip table: health, temperature, AICore, HBM)
-    @@hccn                      npu: ``N link status: UP`` per device (hccn_tool -i N -link -g)
+    @@hccn                      npu: ``N link status: UP`` per device (hccn_tool -i N -link -g, all at once)
+    @@tool-rc 0                 the vendor tool's exit status (124, 137: cut off by ``timeout``)
 
 A record (one JSON line of ``JOB/telemetry/NODE.jsonl``)::
 
@@ -22,6 +23,11 @@ A record (one JSON line of ``JOB/telemetry/NODE.jsonl``)::
                   "ecc_uncorrectable": int|None, "link": "up"|"down"|None, "problem": str|None}]}
 
 ``link`` is None where the sample did not ask (GPUs; an NPU sample between two that ask the links).
+
+A device of the node's first sample in the job that a later sample's vendor tool no longer lists is a fault
+too (a GPU that fell off the bus: nvidia-smi says ``Unable to determine the device handle for GPU ...: GPU is
+lost`` instead of its row), unless the tool was cut off by its timeout (then the sample learnt nothing of the
+devices).
 """
 
 from __future__ import annotations
@@ -36,11 +42,21 @@ from ddp_cluster.accelerators import gpu, npu
 # The kernel's USER_HZ: /proc's CPU times are in these ticks; 100 on every Linux ABI the nodes run (x86_64,
 # aarch64), whatever the kernel's own HZ.
 CLOCK_TICKS = 100
-# Seconds one vendor tool may take within a sample before it is cut off (a hung driver holds no sample up).
+# Seconds one vendor tool may take within a sample before it is cut off (a hung driver holds no sample up),
+# and the seconds after which one that ignores SIGTERM is killed: a tool is gone TOOL_TIMEOUT + KILL_AFTER
+# seconds after it started, whatever it does (none piles up on a node, sample after sample).
 TOOL_TIMEOUT = 10
+KILL_AFTER = 2
+# timeout's exit status when it cut the tool off (SIGTERM obeyed: 124; SIGKILL after KILL_AFTER: 137).
+CUT_OFF = ("124", "137")
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
 # Health words that are no problem.
 HEALTHY = ("ok",)
+# Health words that are a problem (said in the record) but no fault that ends the job: npu-smi's Warning is
+# its minor alarm (the npu-smi manual's "一般告警": the chip goes on working; Huawei's own fault handling
+# leaves minor alarms alone), where Alarm, Critical and any other word (UNKNOWN, NA, Abnormal) are not
+# healthy.
+TOLERATED = ("ok", "warning")
 
 
 def sample_script(pattern: str, accelerator: str, links: bool = True) -> str:
@@ -48,7 +64,7 @@ def sample_script(pattern: str, accelerator: str, links: bool = True) -> str:
     that it does not match this command itself: ``[/]workspace/jobs/ID/``); ``accelerator``: cpu, gpu, npu;
     ``links``: npu, each device's link asked too (one hccn_tool per device: the sampler asks every few
     samples, see supervisor.telemetry.LINKS_EVERY)."""
-    limit = f'T="timeout {TOOL_TIMEOUT}"; command -v timeout >/dev/null 2>&1 || T=""'
+    limit = f'T="timeout -k {KILL_AFTER} {TOOL_TIMEOUT}"; command -v timeout >/dev/null 2>&1 || T=""'
     lines = [
         limit,
         'read -r up _ < /proc/uptime; echo "@@uptime $up"',
@@ -61,21 +77,24 @@ def sample_script(pattern: str, accelerator: str, links: bool = True) -> str:
         lines += [
             "echo @@nvidia-smi",
             f"$T {shlex.join(gpu.TELEMETRY_ARGV)} 2>&1",
+            'echo "@@tool-rc $?"',
         ]
     elif accelerator == "npu":
-        # Each device's link, for the devices npu-smi lists (a device row's second cell is its health).
-        health = "|".join(npu.HEALTH_WORDS)
         lines += [
             "echo @@npu-smi",
-            f'info=$($T {shlex.join(npu.TELEMETRY_ARGV)} 2>&1); printf "%s\\n" "$info"',
+            f'info=$($T {shlex.join(npu.TELEMETRY_ARGV)} 2>&1); rc=$?; printf "%s\\n" "$info"',
+            'echo "@@tool-rc $rc"',
         ]
     if accelerator == "npu" and links:
+        # Each device's link, for the devices npu-smi lists (a device row's first cell: its id and its name),
+        # all at once: the links cost one tool's time bound, however many devices hang.
         lines += [
             "echo @@hccn",
             f"h=$(command -v hccn_tool || echo {HCCN_TOOL})",
             'if [ -x "$h" ]; then for i in $(printf "%s\\n" "$info" | awk -F"|" '
-            f"'/Process id/{{exit}} $3 ~ /^ *({health}) *$/ {{split($2, a, \" \"); print a[1]}}'); do"
-            ' echo "$i $($T "$h" -i "$i" -link -g 2>&1 | head -n 1)"; done; fi',
+            '\'/Process id/{exit} {n = split($2, a, " ")}'
+            " n > 1 && a[1] ~ /^[0-9]+$/ && a[2] !~ /^[0-9]+$/ {print a[1]}'); do"
+            ' ( echo "$i $($T "$h" -i "$i" -link -g 2>&1 | head -n 1)" ) & done; wait; fi',
         ]
     return "\n".join(lines) + "\n"
 
@@ -99,6 +118,10 @@ class Sample:
     page_size: int = 4096
     processes: list[Process] = field(default_factory=list)
     devices: list[dict[str, Any]] = field(default_factory=list)
+    # Whether the vendor tool answered (a device it no longer lists is gone), and what it said besides its
+    # devices' rows (nvidia-smi's ``... GPU is lost`` lines).
+    listed: bool = False
+    said: str = ""
 
 
 def sections(text: str) -> dict[str, list[str]]:
@@ -143,8 +166,11 @@ def read_sample(text: str) -> Sample | None:
     page = parts.get("pagesize", [""])[0].strip()
     sample.page_size = int(page) if page.isdigit() else 4096
     sample.processes = [found for line in parts.get("procs", []) if (found := process(line))]
+    rc = parts.get("tool-rc", [""])[0].strip()
+    sample.listed = ("nvidia-smi" in parts or "npu-smi" in parts) and rc not in CUT_OFF
     if "nvidia-smi" in parts:
         sample.devices = gpu.gpu_telemetry("\n".join(parts["nvidia-smi"]))
+        sample.said = "; ".join(gpu.tool_errors("\n".join(parts["nvidia-smi"])))
     if "npu-smi" in parts:
         sample.devices = npu.npu_telemetry("\n".join(parts["npu-smi"]))
         links = {}
@@ -208,27 +234,40 @@ def record(node: str, at: float, sample: Sample, before: Sample | None) -> dict[
     }
 
 
+TOOLS = {"gpu": "nvidia-smi", "npu": "npu-smi"}
+
+
 def device_faults(
-    first: Mapping[int, Mapping[str, Any]], devices: Sequence[Mapping[str, Any]]
+    first: Mapping[int, Mapping[str, Any]],
+    devices: Sequence[Mapping[str, Any]],
+    listed: bool = True,
+    said: str = "",
 ) -> list[tuple[int, str]]:
     """The devices that turned bad since ``first`` (each device's first reading in the job): (index, what)
-    for a health that was ok and is not, uncorrectable ECC errors that grew, a link that was up and is down.
-    A device bad from its first reading is not one (the health gate and the node checks judge a node before
-    a job; the telemetry names it in its records)."""
+    for a health that was ok (or only a warning, :data:`TOLERATED`) and is neither, uncorrectable ECC errors
+    that grew, a link that was up and is down, and, when the vendor tool answered (``listed``), a device it
+    no longer lists (``said``: what the tool printed instead, quoted). A device bad from its first reading
+    is not one (the health gate and the node checks judge a node before a job; the telemetry names it in its
+    records)."""
     found = []
+    present = {int(device["index"]) for device in devices}
+    for index, then in sorted(first.items()) if listed else ():
+        if index not in present:
+            tool = TOOLS.get(str(then.get("kind")), "the vendor tool")
+            found.append((index, f"no longer listed by {tool}" + (f" ({said[:300]})" if said else "")))
     for device in devices:
         index = int(device["index"])
         then = first.get(index, device)
-        said = []
+        said_now = []
         health = str(device.get("health") or "")
-        if str(then.get("health") or "") in HEALTHY and health and health not in HEALTHY:
-            said.append(f"health {health} (npu-smi)" if device.get("kind") == "npu" else f"health {health}")
+        if str(then.get("health") or "") in TOLERATED and health and health not in TOLERATED:
+            said_now.append(f"health {health} ({TOOLS.get(str(device.get('kind')), 'the vendor tool')})")
         ecc, before = device.get("ecc_uncorrectable"), then.get("ecc_uncorrectable")
         if isinstance(ecc, int) and ecc > (before if isinstance(before, int) else 0):
             grown = ecc - (before if isinstance(before, int) else 0)
-            said.append(f"{grown} new uncorrectable ECC error(s) ({ecc} since the driver loaded)")
+            said_now.append(f"{grown} new uncorrectable ECC error(s) ({ecc} since the driver loaded)")
         if then.get("link") == "up" and device.get("link") == "down":
-            said.append("link down (hccn_tool)")
-        if said:
-            found.append((index, "; ".join(said)))
-    return found
+            said_now.append("link down (hccn_tool)")
+        if said_now:
+            found.append((index, "; ".join(said_now)))
+    return sorted(found)

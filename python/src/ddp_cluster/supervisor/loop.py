@@ -265,8 +265,10 @@ class Supervisor:
                 if lost := tree.lost() or self.mesh.down_now(others, pool):
                     self.forget(lost)
                     return lost_nodes(lost, f"{failure.reason} on {failure.node or 'a node'}")
-                # A device that went bad makes its ranks fail too: the telemetry's finding names the cause.
-                if fault := self.telemetry.fault():
+                # A device that went bad makes its ranks fail too, often within milliseconds, before the
+                # next periodic sample: the telemetry's finding, else one sample now (bounded: see
+                # Sampler.check), names the cause, so that the restart leaves the node out.
+                if fault := self.telemetry.check():
                     found = device_fault(fault.node, fault.device, fault.problem)
                     found.reason += f"; then {failure.reason} on {failure.node or 'a node'}"
                     return found
