@@ -389,7 +389,7 @@ def info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.Ta
 
 
 def entry(path: str, start: int = 0, size: int = 4) -> dict[str, Any]:
-    return {"path": path, "start": start, "size": size, "mtime": 1, "tail": "t"}
+    return {"path": path, "start": start, "size": size, "mtime": 1, "tail": "t", "bytes": 4}
 
 
 def test_hostile_members_are_refused_and_nothing_outside_the_run_is_written(tmp_path: Path) -> None:
@@ -456,6 +456,86 @@ def test_a_link_laid_out_before_is_never_written_through(tmp_path: Path) -> None
     sync.merge(run, {"first": "node0", "parts": {"node0": part}}, sync.Manifest(), synced)
     assert list(outside.iterdir()) == []
     assert "a path through a link" in synced.warnings[0]
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_part_of_another_shape_is_warned_about_never_raised(tmp_path: Path, check: bool) -> None:
+    run = tmp_path / "runs" / JOB
+    run.mkdir(parents=True)
+    part = hostile_part([(info("output/fine.txt"), b"evil")], [entry("output/fine.txt")])
+    odd = {
+        "pending": "lots",
+        "left_out_count": 3,
+        "left_out": 7,
+        "files": [{"path": "output/a", "bytes": "many"}, {"path": "output/b", "bytes": 4}],
+    }
+    answer = {
+        "first": "node0",
+        "nodes": 5,
+        "launcher": "torchrun",
+        "parts": {"node0": {**part, "pending": "lots"}, "node1": odd, "node2": {"files": 5, "archive": ""}},
+    }
+    synced = sync.Synced(JOB, run, check=check)
+    sync.merge(run, answer, sync.Manifest(), synced)
+    said = "\n".join(synced.warnings)
+    assert "sync: node0 sent 'lots' as its bytes pending, not a count" in said
+    assert "sync: node1 sent 'lots' as its bytes pending" in said and synced.pending == 0
+    if check:
+        assert "sync: node1 listed 1 file(s) with no byte count" in said and synced.bytes == 4 + 4
+    else:
+        assert (run / "output" / "fine.txt").read_bytes() == b"evil"
+
+
+def test_a_member_larger_than_listed_or_than_a_sync_is_never_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A gzip member of 64 MB of zeros is some 64 kB on the wire: its declared size is checked against the
+    # node's own count and what one sync brings before a byte is read, and a member is copied in chunks.
+    monkeypatch.setattr(sync, "MEMBER_BYTES", 48 << 20)
+    reads: list[int] = []
+    real = tarfile.ExFileObject.read
+
+    def read(self: Any, size: int | None = -1) -> bytes:
+        reads.append(-1 if size is None or size < 0 else size)
+        return real(self, size)
+
+    monkeypatch.setattr(tarfile.ExFileObject, "read", read)
+    run = tmp_path / "runs" / JOB
+    run.mkdir(parents=True)
+    big = b"\0" * (32 << 20)
+    members = [(info(f"output/{name}"), big) for name in ("a", "b", "lied")] + [(info("output/c"), b"evil")]
+    listed = [{**entry(f"output/{name}"), "bytes": len(big)} for name in ("a", "b")]
+    listed += [entry("output/lied"), entry("output/c")]  # "lied" says 4 bytes
+    synced = sync.Synced(JOB, run)
+    sync.merge(
+        run, {"first": "node0", "parts": {"node0": hostile_part(members, listed)}}, sync.Manifest(), synced
+    )
+    assert (run / "output" / "a").stat().st_size == len(big) and (
+        run / "output" / "c"
+    ).read_bytes() == b"evil"
+    assert not (run / "output" / "b").exists() and not (run / "output" / "lied").exists()
+    said = synced.warnings[0]
+    assert "output/b (over the 50331648 bytes one sync brings)" in said
+    assert "output/lied (33554432 bytes in the archive, 4 in the node's list)" in said
+    assert reads and max(reads) <= sync.CHUNK and -1 not in reads
+    assert not list(run.rglob(".*piece*")) and not list(run.rglob(".*sync-*"))
+
+
+def test_a_piece_is_appended_in_chunks_from_a_file_beside(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / JOB
+    (run / "output").mkdir(parents=True)
+    (run / "output" / "log").write_bytes(b"held")
+    manifest = sync.Manifest(nodes={"node0": {"output/log": sync.Kept(4, 1, "t", 4)}})
+    part = hostile_part([(info("output/log"), b"more")], [entry("output/log", start=4, size=8)])
+    synced = sync.Synced(JOB, run)
+    sync.merge(run, {"first": "node0", "parts": {"node0": part}}, manifest, synced)
+    assert (run / "output" / "log").read_bytes() == b"heldmore" and synced.bytes == 4 and not synced.warnings
+    assert manifest.nodes["node0"]["output/log"] == sync.Kept(8, 1, "t", 8)
+    assert sorted(path.name for path in (run / "output").iterdir()) == ["log"]
+
+
+def test_the_controller_s_member_limit_is_the_nodes_budget() -> None:
+    assert sync.MEMBER_BYTES == node_sync.BUDGET
 
 
 def test_a_manifest_of_another_shape_is_read_as_none(tmp_path: Path) -> None:

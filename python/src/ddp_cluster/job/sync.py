@@ -42,7 +42,7 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
@@ -58,6 +58,10 @@ LOSS_PLOT = "loss.png"
 METRICS = "metrics.jsonl"
 # Of the paths a check or a warning names, the first few.
 SHOWN = 5
+# What one node's part may write here at most: the nodes' budget for one sync (the node side's BUDGET,
+# ddp_cluster.supervisor.sync, which this module may not import); a member is copied CHUNK bytes at a time.
+MEMBER_BYTES = 128 << 20
+CHUNK = 1 << 20
 
 
 class SyncError(DdpClusterError):
@@ -286,8 +290,9 @@ def _replace(target: Path, write: Any) -> None:
         raise
 
 
-def _append(target: Path, data: bytes, local: int) -> int:
-    """Append ``data`` to ``target``, a regular file (not a link) of ``local`` bytes; its size after."""
+def _append(target: Path, piece: Path, local: int) -> int:
+    """Append the file ``piece`` to ``target``, a regular file (not a link) of ``local`` bytes; its size
+    after."""
     try:
         descriptor = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
@@ -296,12 +301,34 @@ def _append(target: Path, data: bytes, local: int) -> int:
         found = os.fstat(descriptor)
         if not stat.S_ISREG(found.st_mode) or found.st_size != local:
             raise _Refused(f"{target} changed here since the last sync")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(descriptor, view) :]
-        return found.st_size + len(data)
+        with open(piece, "rb") as source:
+            while chunk := source.read(CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(descriptor, view) :]
+        return os.fstat(descriptor).st_size
     finally:
         os.close(descriptor)
+
+
+def _stream(source: IO[bytes] | None, path: Path, size: int) -> None:
+    """Write ``source`` (a member of the node's archive) to ``path``, a chunk at a time: never more than
+    ``size`` bytes, the member's declared size (a gzip member that declares gigabytes fits in a few MB)."""
+    written = 0
+    with open(path, "xb") as target:
+        while source is not None and written < size and (chunk := source.read(min(CHUNK, size - written))):
+            target.write(chunk)
+            written += len(chunk)
+
+
+def _count(value: Any) -> int | None:
+    """A byte count a node sent: a non-negative integer, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _mappings(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings of a list a node sent (anything else: none)."""
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
 
 
 @dataclass
@@ -316,6 +343,7 @@ class _Merging:
     links: bool = False
     left_out: list[str] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
+    left: int = 0  # bytes this part may still write here (MEMBER_BYTES at first)
 
     def member(self, tar: tarfile.TarFile, member: tarfile.TarInfo, entry: Mapping[str, Any]) -> None:
         name = _normalised(member.name)
@@ -325,6 +353,16 @@ class _Merging:
         target = destination(self.run_dir, self.first, self.node, name, member.issym())
         if target in (self.run_dir / results.OUTPUT, self.run_dir / results.NODES / self.node):
             raise _Refused("the place of the whole output")
+        if not member.issym():
+            # Before anything is read or made: the size the archive declares must be the node's own count
+            # and fit in what one sync brings (the node sends at most its budget).
+            listed = _count(entry.get("bytes"))
+            if listed is None or member.size != listed:
+                raise _Refused(
+                    f"{member.size} bytes in the archive, {str(entry.get('bytes'))[:40]} in the node's list"
+                )
+            if member.size > self.left:
+                raise _Refused(f"over the {MEMBER_BYTES} bytes one sync brings")
         _directory(self.run_dir, target)
         files = self.manifest.nodes.setdefault(self.node, {})
         if member.issym():
@@ -336,8 +374,7 @@ class _Merging:
         start, size, mtime, tail = (entry.get(key) for key in ("start", "size", "mtime", "tail"))
         if not all(isinstance(value, int) for value in (start, size, mtime)) or not isinstance(tail, str):
             raise _Refused("no size, mtime or digest in the node's list")
-        source = tar.extractfile(member)
-        data = source.read() if source is not None else b""
+        self.left -= member.size
         if start:
             kept = files.get(name)
             if kept is None or kept.size != start:
@@ -345,16 +382,24 @@ class _Merging:
                 raise _Refused(
                     "a piece from where this controller does not hold the file (asked whole next time)"
                 )
+            piece = target.with_name(f".{target.name}.piece-{os.getpid()}")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(piece)
             try:
-                local = _append(target, data, kept.local)
+                _stream(tar.extractfile(member), piece, member.size)
+                local = _append(target, piece, kept.local)
             except _Refused:
                 files.pop(name, None)
                 raise
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(piece)
+            added = local - kept.local
         else:
-            _replace(target, lambda spare: Path(spare).write_bytes(data))
-            local = len(data)
+            _replace(target, lambda spare: _stream(tar.extractfile(member), Path(spare), member.size))
+            local = added = os.lstat(target).st_size
         files[name] = Kept(int(size), int(mtime), tail, local)  # type: ignore[arg-type]
-        self.synced.bytes += len(data)
+        self.synced.bytes += added
         self.written.append(name)
 
 
@@ -371,10 +416,10 @@ def merge_part(
     """Lay one node's answer out under ``run_dir`` (see the module's text); the paths written."""
     index = {
         _normalised(str(entry.get("path"))): entry
-        for entry in part.get("files") or []
-        if isinstance(entry, Mapping) and isinstance(entry.get("path"), str)
+        for entry in _mappings(part.get("files"))
+        if isinstance(entry.get("path"), str)
     }
-    merging = _Merging(run_dir, first, node, manifest, synced)
+    merging = _Merging(run_dir, first, node, manifest, synced, left=MEMBER_BYTES)
     try:
         archive = _decode(part)
     except _Refused as error:
@@ -430,7 +475,8 @@ def _rank_logs(run_dir: Path, answer: Mapping[str, Any], synced: Synced) -> None
     logs = run_dir / results.LOGS
     torchrun = answer.get("launcher") not in (None, "mpirun")
     nproc = answer.get("nproc_per_node")
-    order = [str(node) for node in answer.get("nodes") or []]
+    nodes = answer.get("nodes")
+    order = [str(node) for node in nodes] if isinstance(nodes, list) else []
     for node, paths in synced.paths.items():
         target = run_dir / results.NODES / node
         workers = False
@@ -506,16 +552,28 @@ def merge(run_dir: Path, answer: Mapping[str, Any], manifest: Manifest, synced: 
         if part.get("error"):
             synced.warnings.append(f"sync: {node} sent nothing: {str(part['error'])[:300]}")
             continue
-        synced.pending += int(part.get("pending") or 0)
-        if part.get("left_out_count"):
+        pending = _count(part.get("pending", 0))
+        if pending is None:
             synced.warnings.append(
-                f"sync: {node} left out {part['left_out_count']} entries (as the collect does):"
-                f" {', '.join(str(item) for item in part.get('left_out') or [])}"
+                f"sync: {node} sent {str(part.get('pending'))[:40]!r} as its bytes pending, not a count:"
+                " not counted"
+            )
+        synced.pending += pending or 0
+        if part.get("left_out_count"):
+            left_out = part.get("left_out")
+            synced.warnings.append(
+                f"sync: {node} left out {str(part['left_out_count'])[:40]} entries (as the collect does):"
+                f" {', '.join(str(item)[:300] for item in (left_out if isinstance(left_out, list) else []))}"
             )
         if synced.check:
-            listed = [entry for entry in part.get("files") or [] if isinstance(entry, Mapping)]
+            listed = _mappings(part.get("files"))
             synced.paths[node] = [str(entry.get("path")) for entry in listed]
-            synced.bytes += sum(int(entry.get("bytes") or 0) for entry in listed)
+            counts = [_count(entry.get("bytes", 0)) for entry in listed]
+            if None in counts:
+                synced.warnings.append(
+                    f"sync: {node} listed {counts.count(None)} file(s) with no byte count: not counted"
+                )
+            synced.bytes += sum(count or 0 for count in counts)
             continue
         synced.paths[node] = merge_part(run_dir, first, node, part, manifest, synced)
     if synced.check:
