@@ -63,7 +63,7 @@ POLL = 0.2
 # Bytes of one log read in one answer at most (the rest comes with the next), and read back for a tail.
 READ_MAX = 256 * 1024
 TAIL_MAX = 1024 * 1024
-# A follow asks again every few seconds, each time over ssh to every other node: each ask's sessions share one
+# A follow asks again and again, each time over ssh to every other node: the asks' sessions share one
 # connection per node, kept SHARE_SECONDS after the last (no key exchange per ask: a new line shows sooner).
 SHARE_SECONDS = 30
 SHARED = (
