@@ -150,7 +150,10 @@ def measure(nodes: int, rounds: int, follow_seconds: float) -> dict[str, Any]:
         deadline = time.monotonic() + 300
         while not all(rank_log(job, rank).is_file() for rank in range(nodes)):
             if time.monotonic() > deadline:
-                raise SystemExit(f"the ranks of {job} wrote no log within 300 s")
+                status = STATE_DIR / "node0" / "workspace" / "jobs" / job / "status.json"
+                said = status.read_text()[-3000:] if status.is_file() else "no status.json on node0"
+                missing = [rank for rank in range(nodes) if not rank_log(job, rank).is_file()]
+                raise SystemExit(f"ranks {missing} of {job} wrote no log within 300 s; its status:\n{said}")
             time.sleep(1)
         time.sleep(5)
         tails = []
