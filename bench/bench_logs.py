@@ -111,7 +111,8 @@ def follow(nodes: int, job: str, seconds: float) -> list[float]:
     )  # fmt: skip
     shown: list[tuple[str, str, float]] = []
     stop_at = time.monotonic() + seconds
-    threading.Timer(seconds + 60, lambda: os.killpg(process.pid, signal.SIGKILL)).start()
+    hung = threading.Timer(seconds + 60, lambda: os.killpg(process.pid, signal.SIGKILL))  # never ends
+    hung.start()
     assert process.stdout is not None
     for line in process.stdout:
         if match := LINE.match(line.rstrip("\n")):
@@ -120,6 +121,7 @@ def follow(nodes: int, job: str, seconds: float) -> list[float]:
             break
     os.killpg(process.pid, signal.SIGINT)
     process.communicate(timeout=60)
+    hung.cancel()
     halt.set()
     return [at - seen[(rank, text)] for rank, text, at in shown[nodes:] if count.get((rank, text)) == 1]
 
