@@ -64,8 +64,10 @@ def ansible(nodes: int, *args: str, bound: int = 1800) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def rank_log(job: str, rank: int) -> Path:
-    return STATE_DIR / f"node{rank}" / "workspace" / "jobs" / job / "logs" / "1" / f"rank.{rank}" / "stdout"
+def rank_log(job: str, rank: int, ranks: int) -> Path:
+    """A rank's log on its node (one rank per node; Open MPI pads the number: rank.03 of 16)."""
+    number = str(rank).zfill(len(str(ranks - 1)))
+    return STATE_DIR / f"node{rank}" / "workspace" / "jobs" / job / "logs" / "1" / f"rank.{number}" / "stdout"
 
 
 def node_side(job: str) -> float:
@@ -82,7 +84,7 @@ def node_side(job: str) -> float:
 def follow(nodes: int, job: str, seconds: float) -> list[float]:
     """Each followed line's delay after its rank wrote it (an upper bound: first seen in the file, read
     every 20 ms)."""
-    paths = {str(rank): rank_log(job, rank) for rank in range(nodes)}
+    paths = {str(rank): rank_log(job, rank, nodes) for rank in range(nodes)}
     seen: dict[tuple[str, str], float] = {}
     count: dict[tuple[str, str], int] = {}  # a text written more than once (a blank line) says no time
     halt = threading.Event()
@@ -150,11 +152,11 @@ def measure(nodes: int, rounds: int, follow_seconds: float) -> dict[str, Any]:
             "-e", f"script_args='{JOB_ARGS}'", "-e", "job_timeout=3600")  # fmt: skip
     try:
         deadline = time.monotonic() + 300
-        while not all(rank_log(job, rank).is_file() for rank in range(nodes)):
+        while not all(rank_log(job, rank, nodes).is_file() for rank in range(nodes)):
             if time.monotonic() > deadline:
                 status = STATE_DIR / "node0" / "workspace" / "jobs" / job / "status.json"
                 said = status.read_text()[-3000:] if status.is_file() else "no status.json on node0"
-                missing = [rank for rank in range(nodes) if not rank_log(job, rank).is_file()]
+                missing = [rank for rank in range(nodes) if not rank_log(job, rank, nodes).is_file()]
                 raise SystemExit(f"ranks {missing} of {job} wrote no log within 300 s; its status:\n{said}")
             time.sleep(1)
         time.sleep(5)

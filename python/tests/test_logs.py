@@ -105,6 +105,14 @@ def test_an_mpirun_log_is_found_whatever_mpirun_s_job_number(tmp_path: Path) -> 
     assert logs.resolve(tmp_path, Source(1, "n0", "mpirun", 1)) is None
 
 
+def test_an_mpirun_log_is_found_however_its_number_is_padded(tmp_path: Path) -> None:
+    # Open MPI pads the number to the widest: rank.00 ... rank.15 among 16 processes
+    padded = write(tmp_path / "logs" / "1" / "rank.03" / "stdout", "x\n")
+    write(tmp_path / "logs" / "1" / "rank.13" / "stdout", "y\n")
+    assert logs.resolve(tmp_path, Source(3, "n0", "mpirun", 3)) == padded
+    assert logs.resolve(tmp_path, Source(1, "n0", "mpirun", 1)) is None
+
+
 def test_a_torchrun_worker_s_log_is_its_newest_run_s_latest_attempt(tmp_path: Path) -> None:
     root = tmp_path / "logs" / "torchrun"
     old = write(root / "j1_aaa" / "attempt_0" / "1" / "stdout.log", "old\n")

@@ -72,6 +72,7 @@ SHARED = (
 )
 TORCHRUN = "torchrun"
 ATTEMPT = re.compile(r"^attempt_(\d+)$")
+MPIRUN_RANK = re.compile(r"^rank\.(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -145,11 +146,21 @@ def torchrun_log(job_dir: Path, local: int, stream: str = "stdout") -> Path | No
     return path if path is not None and path.is_file() else None
 
 
+def mpirun_log(job_dir: Path, process: int) -> Path | None:
+    """mpirun's output file of process ``process`` on this node, whatever mpirun's job number and however it
+    wrote the number (Open MPI pads it to the widest: rank.03 among 16 processes)."""
+    for path in sorted((job_dir / results.LOGS).glob("*/rank.*/stdout")):
+        match = MPIRUN_RANK.match(path.parent.name)
+        if match and int(match.group(1)) == process:
+            return path
+    return None
+
+
 def resolve(job_dir: Path, source: Source) -> Path | None:
     """Where ``source``'s log is on this node (None: not written yet, or not here)."""
     if source.launcher == TORCHRUN:
         return torchrun_log(job_dir, source.process, source.stream)
-    return results.find_mpirun_log(job_dir, source.process)
+    return mpirun_log(job_dir, source.process)
 
 
 def tail_start(handle: IO[bytes], stop: int, lines: int) -> int:
