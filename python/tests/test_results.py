@@ -460,3 +460,12 @@ def test_telemetry_takes_only_regular_node_files_never_a_link(tmp_path: Path) ->
     results.lay_out(run, "node0", ["node0"])
     assert sorted(path.name for path in (run / "telemetry").iterdir()) == ["node0.jsonl"]
     assert (run / "nodes" / "node0" / "telemetry" / "notes.txt").is_file()
+
+
+def test_an_mpirun_log_is_found_however_open_mpi_padded_its_number(tmp_path: Path) -> None:
+    for name in ("rank.03", "rank.12"):
+        (tmp_path / "logs" / "1" / name).mkdir(parents=True)
+        (tmp_path / "logs" / "1" / name / "stdout").write_text("x\n")
+    assert results.find_mpirun_log(tmp_path, 3) == tmp_path / "logs" / "1" / "rank.03" / "stdout"
+    assert results.find_mpirun_log(tmp_path, 12) == tmp_path / "logs" / "1" / "rank.12" / "stdout"
+    assert results.find_mpirun_log(tmp_path, 1) is None

@@ -74,8 +74,14 @@ def mpirun_log(job_dir: Path | str, process: int) -> Path:
 
 
 def find_mpirun_log(job_dir: Path, process: int) -> Path | None:
-    """The output file of mpirun's process ``process`` if it is on this node, whatever mpirun's job number."""
-    matches = sorted((job_dir / LOGS).glob(f"*/rank.{process}/stdout"))
+    """The output file of mpirun's process ``process`` if it is on this node, whatever mpirun's job number and
+    however Open MPI padded the number (``rank.03`` among 10 or more processes)."""
+    matches = sorted(
+        path
+        for path in (job_dir / LOGS).glob("*/rank.*/stdout")
+        if (found := MPIRUN_LOG.match(path.relative_to(job_dir).as_posix()))
+        and int(found.group(1)) == process
+    )
     return matches[0] if matches else None
 
 

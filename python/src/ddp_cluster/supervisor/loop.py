@@ -214,8 +214,16 @@ class Supervisor:
         """Last lines of a process's log, which mpirun writes on the process's own node."""
         if node == self.me:
             return tail(self.rank_log(process))
-        remote = mpirun_log(self.job_dir, process)
-        return self.mesh.run(node, f"tail -n {TAIL_LINES} {remote} 2>/dev/null").splitlines()
+        # Open MPI pads the number among 10 or more processes (rank.03): else the file numbered ``process``.
+        logs = shlex.quote(str(self.job_dir / "logs"))
+        remote = shlex.quote(str(mpirun_log(self.job_dir, process)))
+        command = (
+            f"tail -n {TAIL_LINES} {remote} 2>/dev/null ||"
+            f" for f in {logs}/*/rank.*/stdout; do n=${{f%/stdout}}; n=${{n##*rank.}};"
+            f' [ "$(expr "$n" + 0)" = {int(process)} ] && exec tail -n {TAIL_LINES} "$f";'
+            " done 2>/dev/null; true"
+        )
+        return self.mesh.run(node, command).splitlines()
 
     def progress(self) -> Any:
         metrics = self.job_dir / "output" / "metrics.jsonl"
