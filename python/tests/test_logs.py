@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from ddp_cluster.job.transport import Done, Unreachable
 from ddp_cluster.supervisor import logs
 from ddp_cluster.supervisor.logs import Request, Source
 from ddp_cluster.supervisor.remote import Mesh
+from ddp_cluster.supervisor.standby import supervisor_alive
 
 BASE: dict[str, Any] = {
     "id": "j1",
@@ -182,6 +184,67 @@ def test_a_line_longer_than_one_read_comes_in_pieces(tmp_path: Path, monkeypatch
     assert lines == ["x" * 10] and at[1] == 10
 
 
+SECRET = [b"s3cr3t-value"]
+PEM = "-----BEGIN KEY-----\nAAAAsecretbody\n-----END KEY-----"
+
+
+def test_a_secret_is_masked_before_the_log_is_cut_into_lines(tmp_path: Path) -> None:
+    log = write(tmp_path / "log", f"key {PEM} end\nnext\n")
+    hidden = [PEM.encode()]
+    assert logs.read_log(log, None, 5, final=False, hidden=hidden)[0] == ["key *** end", "next"]
+    from_start = [log.stat().st_ino, 0]
+    assert logs.read_log(log, from_start, 5, final=False, hidden=hidden)[0] == ["key *** end", "next"]
+
+
+def test_a_secret_being_written_over_lines_waits_to_be_masked_whole(tmp_path: Path) -> None:
+    log = write(tmp_path / "log", "start\n")
+    hidden = [PEM.encode()]
+    _, at = logs.read_log(log, None, 5, final=False, hidden=hidden)
+    with open(log, "a") as handle:
+        handle.write("-----BEGIN KEY-----\nAAAAsec")  # the key's first line is whole: kept back all the same
+    lines, at = logs.read_log(log, at, 5, final=False, hidden=hidden)
+    assert lines == [] and at[1] == len("start\n")
+    with open(log, "a") as handle:
+        handle.write("retbody\n-----END KEY-----\n")
+    assert logs.read_log(log, at, 5, final=False, hidden=hidden)[0] == ["***"]
+
+
+def test_a_secret_across_two_pieces_of_a_long_line_is_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "READ_MAX", 16)
+    log = write(tmp_path / "log", "x" * 10 + "s3cr3t-value" + "y" * 20 + "\n")
+    at: list[int] = [log.stat().st_ino, 0]
+    said = []
+    for _ in range(5):
+        lines, at = logs.read_log(log, at, 5, final=False, hidden=SECRET)
+        said += lines
+    assert "".join(said) == "x" * 10 + "***" + "y" * 20
+
+
+def test_a_tail_cut_by_its_bound_starts_at_a_whole_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "TAIL_MAX", 20)
+    log = write(tmp_path / "log", "s3cr3t-value-and-more-of-it\nshort\n")  # the bound cuts the first line
+    assert logs.read_log(log, None, 5, final=False, hidden=SECRET)[0] == ["short"]
+    long = write(tmp_path / "long", "a" * 40 + "\n")  # one line longer than the bound: none of it
+    assert logs.read_log(long, None, 5, final=False)[0] == []
+
+
+def test_a_log_that_is_a_link_is_not_read(job: Path, tmp_path: Path) -> None:
+    target = write(tmp_path / "outside", "a file of the host\n")
+    rank_log(job, 0).unlink()
+    rank_log(job, 0).symlink_to(target)
+    lines, summary = logs.answer_here(Request("j1", str(job.parent), 5, rank=0), ShellMesh("n0"))
+    assert lines == [] and summary["notes"] == ["[n0 rank 0] no log yet"]
+
+
+def test_masking_sees_a_secret_that_began_before_the_bytes_shown() -> None:
+    assert logs.mask_bytes(b"abs3cr3t-value cd", SECRET, 5) == b"*** cd"
+    assert logs.mask_bytes(b"s3cr3t-value ab s3cr3t-value", SECRET, 12) == b" ab ***"
+
+
 # --- the supervisor's node: both nodes' logs, prefixed and masked -----------------------------------------
 class ShellMesh(Mesh):
     """The other nodes are this machine: their commands run in a shell (the jobs' directory is shared, so
@@ -199,10 +262,18 @@ def job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     spec = make_spec(nodes=["n0", "n1"], nproc_per_node=1, job_dir=str(job_dir), secret_env=["TOKEN"])
     write(job_dir / "job.json", spec.dumps())
     write(job_dir / "secrets.json", json.dumps({"TOKEN": "s3cr3t-value"}))
-    write(job_dir / "status.json", Status(state="running", nodes=("n0", "n1")).dumps())
+    # the job's supervisor, alive: a process with the supervisor's command line (its status names its pid)
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    supervisor = subprocess.Popen([*sleep, "ddp_cluster.supervise", "--job-dir", str(job_dir)])
+    deadline = time.monotonic() + 10
+    while not supervisor_alive(job_dir, supervisor.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # its command line is the supervisor's once python runs
+    write(job_dir / "status.json", Status(state="running", nodes=("n0", "n1"), pid=supervisor.pid).dumps())
     write(job_dir / "logs" / "1" / "rank.0" / "stdout", "r0 a\nr0 token s3cr3t-value\n")
     write(job_dir / "logs" / "1" / "rank.1" / "stdout", "r1 a\nr1 b\n")
     yield job_dir
+    supervisor.kill()
+    supervisor.wait()
 
 
 def rank_log(job_dir: Path, rank: int) -> Path:
@@ -260,6 +331,37 @@ def test_an_ended_job_answers_at_once_with_its_last_partial_line_and_says_done(j
     assert lines == ["[n1 rank 1] last words"]
     assert summary["done"] is True and summary["state"] == "succeeded"
     assert time.monotonic() - started < 3.0
+
+
+def test_a_follow_ends_when_the_job_s_supervisor_is_gone(job: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    write(job / "status.json", Status(state="running", nodes=("n0", "n1"), pid=gone.pid).dumps())
+    _, summary = logs.answer_here(Request("j1", str(job.parent), 5), ShellMesh("n0"))
+    assert summary["done"] is True and summary["state"] == "running, no supervisor on n0"
+    started = time.monotonic()
+    _, summary = logs.answer_here(
+        Request("j1", str(job.parent), 5, offsets=summary["offsets"], wait=8), ShellMesh("n0")
+    )
+    assert summary["done"] is True and time.monotonic() - started < 3.0
+
+
+def test_a_node_without_the_job_s_secrets_shows_none_of_its_logs(job: Path, tmp_path: Path) -> None:
+    # the other node's job directory, without secrets.json (n1's reads run in it)
+    other = tmp_path / "other" / "j1"
+    write(other / "logs" / "1" / "rank.1" / "stdout", "r1 s3cr3t-value\n")
+    body = {"sources": [[1, "n1", "mpirun", 1, "stdout"]], "offsets": None, "tail": 5, "final": False}
+    said = {}
+    for masked in (True, False):
+        command = [sys.executable, "-m", "ddp_cluster.supervisor.logs", "j1", "--jobs-dir", str(other.parent)]
+        said[masked] = subprocess.run(
+            [*command, "--read", json.dumps({**body, "masked": masked})],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    assert "s3cr3t" not in said[True] and "secrets.json is not readable" in said[True]
+    assert "r1 s3cr3t-value" in said[False]  # a job without secrets: shown as it is
 
 
 def test_a_rank_without_a_log_yet_and_a_node_that_does_not_answer_are_noted(job: Path) -> None:

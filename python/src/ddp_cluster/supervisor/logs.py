@@ -16,10 +16,12 @@ after any restart) says which rank's log is where (:func:`sources`):
   next one writes a new run).
 
 It reads its own node's files and each other node's with one ssh command per node, all at once (the single
-node form, ``--read``), prefixes every line ``[NODE rank R]``, masks the job's secrets (``JOB/secrets.json``:
-every value of 4 characters or more, and its JSON-escaped form, as ``***``) and prints the lines, then one
-JSON line: the offsets reached (per log: its inode and the byte after its last whole line), the job's state,
-whether it ended, the supervisor's node and notes (a log not there yet, a node that did not answer).
+node form, ``--read``; each node masks the job's secrets, ``JOB/secrets.json``: every value of 4 characters
+or more, and its JSON-escaped form, as ``***``, in the bytes read, before cutting them into lines), prefixes
+every line ``[NODE rank R]`` and prints the lines, then one JSON line: the offsets reached (per log: its inode
+and the byte after its last whole line), the job's state, whether it ended (its status says so, or its
+supervisor is gone: "running, no supervisor on NODE"), the supervisor's node and notes (a log not there yet,
+a node that did not answer).
 
 Without ``--follow-from`` it prints each log's last ``--tail`` lines. With it, what came after those offsets
 (a log whose inode changed, a restart's, from its start); ``--wait S`` waits up to S seconds for a first new
@@ -57,6 +59,8 @@ from ddp_cluster.job import spec as jobspec
 from ddp_cluster.job import status as job_status
 from ddp_cluster.supervisor.locate import JobNotFound, locate
 from ddp_cluster.supervisor.remote import COMMAND_TIMEOUT, Mesh
+from ddp_cluster.supervisor.standby import supervisor_alive
+from ddp_cluster.supervisor.sync import held_back
 
 # Seconds between two looks at the logs while an ask waits for a new line.
 POLL = 0.2
@@ -73,6 +77,7 @@ SHARED = (
 TORCHRUN = "torchrun"
 ATTEMPT = re.compile(r"^attempt_(\d+)$")
 MPIRUN_RANK = re.compile(r"^rank\.(\d+)$")
+MASK = secrets.MASK.encode()
 
 
 @dataclass(frozen=True)
@@ -165,7 +170,8 @@ def resolve(job_dir: Path, source: Source) -> Path | None:
 
 def tail_start(handle: IO[bytes], stop: int, lines: int) -> int:
     """The offset of the first of the last ``lines`` lines before ``stop`` (a newline at ``stop`` - 1 ends
-    the last one; looking back at most :data:`TAIL_MAX` bytes)."""
+    the last one; looking back at most :data:`TAIL_MAX` bytes). Always a line's start: a line cut by that
+    bound is left out (its start could be the end of a secret, unmasked), ``stop`` when one line is longer."""
     low = max(0, stop - TAIL_MAX)
     scan = stop - 1 if stop > 0 and _byte_at(handle, stop - 1) == b"\n" else stop
     position, found = scan, 0
@@ -179,7 +185,22 @@ def tail_start(handle: IO[bytes], stop: int, lines: int) -> int:
             found += 1
             if found == lines:
                 return position + index + 1
-    return low if low == 0 else _last_newline(handle, low + 64 * 1024, low)
+    if low == 0 or _byte_at(handle, low - 1) == b"\n":
+        return low
+    return _first_line_start(handle, low, stop)
+
+
+def _first_line_start(handle: IO[bytes], low: int, stop: int) -> int:
+    """The offset after the first newline in [low, stop), ``stop`` when there is none."""
+    position = low
+    while position < stop:
+        handle.seek(position)
+        block = handle.read(min(64 * 1024, stop - position))
+        index = block.find(b"\n")
+        if index >= 0:
+            return position + index + 1
+        position += len(block)
+    return stop
 
 
 def _byte_at(handle: IO[bytes], offset: int) -> bytes:
@@ -202,11 +223,41 @@ def _last_newline(handle: IO[bytes], end: int, low: int = -1) -> int:
     return low
 
 
-def read_log(path: Path, at: Sequence[int] | None, tail: int, final: bool) -> tuple[list[str], list[int]]:
-    """The new lines of ``path`` after ``at`` ([inode, offset]; None: its last ``tail`` lines), and where
-    that leaves it. A log whose inode changed or that got shorter is read from its start; a partial last
-    line waits for its end unless ``final`` (the job ended) or it is :data:`READ_MAX` long."""
-    with open(path, "rb") as handle:
+def mask_bytes(data: bytes, hidden: Sequence[bytes], skip: int = 0) -> bytes:
+    """``data[skip:]`` with each secret of ``hidden`` (longest first) replaced by ``***``, a secret that
+    starts in ``data[:skip]`` (bytes read before, only to see it whole) and ends after it too."""
+    found: list[tuple[int, int]] = []
+    for secret in hidden:
+        index = data.find(secret)
+        while index >= 0:
+            end = index + len(secret)
+            if any(start < end and index < stop for start, stop in found):
+                index = data.find(secret, index + 1)
+                continue
+            found.append((index, end))
+            index = data.find(secret, end)
+    pieces, position = [], skip
+    for start, end in sorted(found):
+        if end <= skip:
+            continue
+        pieces += [data[position:start] if start > position else b"", MASK]
+        position = max(position, end)
+    pieces.append(data[position:])
+    return b"".join(pieces)
+
+
+def read_log(
+    path: Path, at: Sequence[int] | None, tail: int, final: bool, hidden: Sequence[bytes] = ()
+) -> tuple[list[str], list[int]]:
+    """The new lines of ``path`` after ``at`` ([inode, offset]; None: its last ``tail`` lines), masked
+    (``hidden``: the secrets, longest first), and where that leaves it. A log whose inode changed or that
+    got shorter is read from its start; a partial last line waits for its end unless ``final`` (the job
+    ended) or it is :data:`READ_MAX` long. The secrets are masked in the bytes read, before they are cut
+    into lines (a secret may span lines: a PEM key); unless ``final``, an end that may be a secret's start
+    is kept for the next read, which masks it whole (a line read in pieces, a secret still being written)."""
+    before = max((len(secret) for secret in hidden), default=1) - 1
+    # Not through a link: a log replaced by a link to another file would show that file.
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as handle:
         info = os.fstat(handle.fileno())
         end = info.st_size
         if at is None:
@@ -218,12 +269,17 @@ def read_log(path: Path, at: Sequence[int] | None, tail: int, final: bool) -> tu
             same = int(at[0]) == info.st_ino and int(at[1]) <= end
             start = int(at[1]) if same else 0
             limit = min(end - start, READ_MAX)
-        handle.seek(start)
-        data = handle.read(limit)
+        # The bytes before ``start`` a secret that ends after it may begin in, read to mask it whole.
+        context = min(start, before)
+        handle.seek(start - context)
+        data = handle.read(context + limit)
+    earlier, data = data[:context], data[context:]
     cut = len(data) if final or at is None else data.rfind(b"\n") + 1
     if cut == 0 and len(data) >= READ_MAX:
         cut = len(data)
-    text = data[:cut]
+    if not final and hidden:
+        cut -= held_back(data[:cut], hidden)
+    text = mask_bytes(earlier + data[:cut], hidden, len(earlier)) if hidden else data[:cut]
     lines = [line.rstrip("\r") for line in text.decode("utf-8", errors="replace").split("\n")] if text else []
     if text.endswith(b"\n"):
         lines.pop()
@@ -231,7 +287,12 @@ def read_log(path: Path, at: Sequence[int] | None, tail: int, final: bool) -> tu
 
 
 def read_here(
-    job_dir: Path, wanted: Sequence[Source], offsets: Mapping[str, Any] | None, tail: int, final: bool
+    job_dir: Path,
+    wanted: Sequence[Source],
+    offsets: Mapping[str, Any] | None,
+    tail: int,
+    final: bool,
+    hidden: Sequence[bytes] = (),
 ) -> dict[str, Any]:
     """This node's part of an answer: ``{"chunks": {key: {"lines": [...], "at": [inode, offset]}},
     "missing": [keys]}`` (missing: no log here yet)."""
@@ -244,7 +305,7 @@ def read_here(
             continue
         at = None if offsets is None else offsets.get(source.key, [0, 0])
         try:
-            lines, reached = read_log(path, at, tail, final)
+            lines, reached = read_log(path, at, tail, final, hidden)
         except OSError:
             missing.append(source.key)
             continue
@@ -264,12 +325,13 @@ def wait_here(
     final: bool,
     wait: float,
     stop: Callable[[float], bool],
+    hidden: Sequence[bytes] = (),
 ) -> dict[str, Any]:
     """:func:`read_here`, again every :data:`POLL` seconds until a line comes, ``wait`` seconds passed, or
     ``stop(seconds)`` (which waits up to that long) says to answer now."""
     deadline = time.monotonic() + wait
     while True:
-        answer = read_here(job_dir, wanted, offsets, tail, final)
+        answer = read_here(job_dir, wanted, offsets, tail, final, hidden)
         left = deadline - time.monotonic()
         if has_lines(answer) or left <= 0 or stop(min(POLL, left)):
             return answer
@@ -356,6 +418,11 @@ def masking(job_dir: Path, spec: jobspec.JobSpec) -> list[str]:
     return secrets.maskable([*values, *(json.dumps(value)[1:-1] for value in values)])
 
 
+def _encoded(texts: Sequence[str]) -> list[bytes]:
+    """The texts to mask as the logs hold them, longest first (a secret that holds another masked whole)."""
+    return sorted({text.encode() for text in texts}, key=len, reverse=True)
+
+
 @dataclass
 class Request:
     """What the supervisor's node is asked: which logs, from where, how long to wait."""
@@ -375,9 +442,9 @@ def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]
     job_dir = Path(request.jobs_dir, request.job_id)
     spec = jobspec.load(job_dir / jobspec.JOB_FILE)
     wanted = select_sources(spec, request.rank, request.node)
-    hidden = masking(job_dir, spec)
+    hidden = _encoded(masking(job_dir, spec))
     status = job_status.read(job_dir / job_status.FILE)
-    final = status is not None and status.done
+    final, state = ended(job_dir, mesh.me, status)
     wait = 0.0 if final or request.offsets is None else request.wait
     by_node: dict[str, list[Source]] = {}
     for source in wanted:
@@ -396,15 +463,18 @@ def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]
             "tail": request.tail,
             "final": final,
             "wait": wait,
+            # its node masks what it reads (its own JOB/secrets.json), and refuses when it has none
+            "masked": bool(hidden),
         }
         command = read_command(request.job_id, request.jobs_dir, body)
         remotes.append(Remote(mesh, node, command, wait + COMMAND_TIMEOUT, done))
 
     def stop(seconds: float) -> bool:
-        return done.wait(seconds) or _ended(job_dir)
+        return done.wait(seconds) or ended(job_dir, mesh.me)[0]
 
     # Without logs here it only waits (for a remote's lines, the job's end or the bound).
-    local = wait_here(job_dir, by_node.get(mesh.me, []), request.offsets, request.tail, final, wait, stop)
+    mine = by_node.get(mesh.me, [])
+    local = wait_here(job_dir, mine, request.offsets, request.tail, final, wait, stop, hidden)
     for remote in remotes:
         remote.hurry()
     parts = {mesh.me: local}
@@ -417,6 +487,8 @@ def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]
             )
         else:
             parts[remote.node] = got
+            if got.get("problem"):
+                notes.append(f"{remote.node}: {got['problem']}")
     lines: list[str] = []
     offsets_reached: dict[str, Any] = {}
     for source in wanted:
@@ -429,12 +501,10 @@ def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]
                 notes.append(f"{source.prefix} no log yet")
             continue
         offsets_reached[source.key] = chunk["at"]
-        lines += [
-            f"{source.prefix} {secrets.mask(line, hidden) if hidden else line}" for line in chunk["lines"]
-        ]
+        lines += [f"{source.prefix} {line}" for line in chunk["lines"]]
     summary = {
         "offsets": offsets_reached,
-        "state": status.state if status else "unknown",
+        "state": state,
         "done": final,
         "first": mesh.me,
         "notes": notes,
@@ -442,9 +512,20 @@ def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]
     return lines, summary
 
 
-def _ended(job_dir: Path) -> bool:
-    found = job_status.read(job_dir / job_status.FILE)
-    return found is not None and found.done
+def ended(job_dir: Path, me: str, status: job_status.Status | None = None) -> tuple[bool, str]:
+    """Whether the job ended, as a follow sees it, and its state: its status says so, or its status says it
+    runs but its supervisor (the status's pid) is gone from this node, where that status is, and nothing
+    will change it again ("running, no supervisor on NODE", as jobs.yml says it). Not a standby's takeover:
+    the standby takes over only a first node it cannot reach, and writes its own status on its own node,
+    which locate prefers; a follow asks this node only while it answers."""
+    found = status if status is not None else job_status.read(job_dir / job_status.FILE)
+    if found is None:
+        return False, "unknown"
+    if found.done:
+        return True, found.state
+    if not supervisor_alive(job_dir, found.pid):
+        return True, f"{found.state}, no supervisor on {me}"
+    return False, found.state
 
 
 def read_main(job_id: str, jobs_dir: str, body: str) -> int:
@@ -452,14 +533,23 @@ def read_main(job_id: str, jobs_dir: str, body: str) -> int:
     request = json.loads(body)
     wanted = [Source.from_list(item) for item in request["sources"]]
     offsets = request.get("offsets")
+    job_dir = Path(jobs_dir, job_id)
+    values = list(secrets.read(job_dir).values())
+    hidden = _encoded(secrets.maskable([*values, *(json.dumps(value)[1:-1] for value in values)]))
+    if request.get("masked") and not hidden:
+        # the job has secrets but this node cannot read them: nothing unmasked leaves it
+        problem = f"its logs are not shown: the job's secrets.json is not readable on {socket.gethostname()}"
+        print(json.dumps({"chunks": {}, "missing": [], "problem": problem}, separators=(",", ":")))
+        return 0
     answer = wait_here(
-        Path(jobs_dir, job_id),
+        job_dir,
         wanted,
         offsets,
         int(request.get("tail") or job_logs.TAIL),
         bool(request.get("final")),
         float(request.get("wait") or 0.0),
         _stdin_closed,
+        hidden,
     )
     print(json.dumps(answer, separators=(",", ":")))
     return 0
