@@ -368,6 +368,9 @@ def test_a_rank_without_a_log_yet_and_a_node_that_does_not_answer_are_noted(job:
     rank_log(job, 1).unlink()
     lines, summary = logs.answer_here(Request("j1", str(job.parent), 5), ShellMesh("n0"))
     assert summary["notes"] == ["[n1 rank 1] no log yet"]
+    write(rank_log(job, 1), "a partial line")
+    lines, summary = logs.answer_here(Request("j1", str(job.parent), 5), ShellMesh("n0"))
+    assert summary["notes"] == ["[n1 rank 1] no line written yet"]
 
     class DownMesh(ShellMesh):
         def ssh(self, node: str, *options: str) -> list[str]:

@@ -491,6 +491,7 @@ def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]
                 notes.append(f"{remote.node}: {got['problem']}")
     lines: list[str] = []
     offsets_reached: dict[str, Any] = {}
+    quiet: dict[str, bool] = {}  # a rank whose logs are there, in a tail: whether they have no line
     for source in wanted:
         part = parts.get(source.node)
         if part is None:
@@ -502,6 +503,10 @@ def answer_here(request: Request, mesh: Mesh) -> tuple[list[str], dict[str, Any]
             continue
         offsets_reached[source.key] = chunk["at"]
         lines += [f"{source.prefix} {line}" for line in chunk["lines"]]
+        quiet[source.prefix] = quiet.get(source.prefix, True) and not chunk["lines"]
+    if request.offsets is None:
+        # a tail that shows nothing says why (the ranks have not written a whole line yet), not silence
+        notes += [f"{prefix} no line written yet" for prefix, empty in quiet.items() if empty]
     summary = {
         "offsets": offsets_reached,
         "state": state,
