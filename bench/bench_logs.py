@@ -70,6 +70,15 @@ def rank_log(job: str, rank: int, ranks: int) -> Path:
     return STATE_DIR / f"node{rank}" / "workspace" / "jobs" / job / "logs" / "1" / f"rank.{number}" / "stdout"
 
 
+def has_line(path: Path) -> bool:
+    """Whether the log has a whole line (a tail shows only those)."""
+    try:
+        with open(path, "rb") as handle:
+            return b"\n" in handle.read(64 * 1024)
+    except OSError:
+        return False
+
+
 def node_side(job: str) -> float:
     """The node side alone, from node0: its seconds."""
     command = f". /etc/ddp-cluster/env.sh && python -m ddp_cluster.supervisor.logs {job} --tail 20"
@@ -151,15 +160,15 @@ def measure(nodes: int, rounds: int, follow_seconds: float) -> dict[str, Any]:
     ansible(nodes, "train.yml", "-e", f"nodes={nodes}", "-e", f"job_id={job}", "-e", "detach=true",
             "-e", f"script_args='{JOB_ARGS}'", "-e", "job_timeout=3600")  # fmt: skip
     try:
+        # mpirun makes each rank's file at the launch, empty; a rank's first line comes a minute later on 16
+        # nodes (torch's import on a shared machine): a tail before that has no line to show
         deadline = time.monotonic() + 300
-        while not all(rank_log(job, rank, nodes).is_file() for rank in range(nodes)):
+        while missing := [rank for rank in range(nodes) if not has_line(rank_log(job, rank, nodes))]:
             if time.monotonic() > deadline:
                 status = STATE_DIR / "node0" / "workspace" / "jobs" / job / "status.json"
                 said = status.read_text()[-3000:] if status.is_file() else "no status.json on node0"
-                missing = [rank for rank in range(nodes) if not rank_log(job, rank, nodes).is_file()]
-                raise SystemExit(f"ranks {missing} of {job} wrote no log within 300 s; its status:\n{said}")
+                raise SystemExit(f"ranks {missing} of {job} wrote no line within 300 s; its status:\n{said}")
             time.sleep(1)
-        time.sleep(5)
         tails = []
         for _ in range(rounds):
             seconds, out = ansible(nodes, "jobs.yml", "-e", f"logs={job}")
