@@ -33,6 +33,13 @@ def rank_log(job: str, node: str, rank: int) -> Path:
     return STATE_DIR / node / "workspace" / "jobs" / job / "logs" / "1" / f"rank.{rank}" / "stdout"
 
 
+def whole_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
 def logged(output: str) -> list[tuple[str, int, str]]:
     return [(m.group(1), int(m.group(2)), m.group(3)) for m in map(LINE.match, output.splitlines()) if m]
 
@@ -46,11 +53,12 @@ def job(local_cluster_made: list[PlaybookResult]) -> Iterator[str]:
     )
     try:
         assert started.rc == 0, started.stdout[-4000:]
-        deadline = time.monotonic() + 60
-        while not all(rank_log(name, node, rank).is_file() for node, rank in (("node0", 0), ("node1", 1))):
-            assert time.monotonic() < deadline, "the ranks wrote no log within 60 s"
+        # mpirun makes each rank's file at the launch, empty: wait for the lines the tests' tails show
+        deadline = time.monotonic() + 120
+        logs = [rank_log(name, "node0", 0), rank_log(name, "node1", 1)]
+        while not all(whole_lines(log) >= 5 for log in logs):
+            assert time.monotonic() < deadline, "the ranks wrote no 5 lines within 120 s"
             time.sleep(0.5)
-        time.sleep(3)  # more than a tail's 20 lines in each log
         yield name
     finally:
         stopped = run_playbook("jobs.yml", extravars={"stop": name})
