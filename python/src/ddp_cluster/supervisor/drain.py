@@ -311,7 +311,8 @@ def drain_gate(
     return lines
 
 
-def _node_list(text: str) -> list[str]:
+def node_list(text: str) -> list[str]:
+    """The nodes of a comma-separated option (``--nodes a,b``), blanks left out."""
     return [node.strip() for node in text.split(",") if node.strip()]
 
 
@@ -337,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--gate {args.gate!r} is not a job id")
     try:
         if args.show and args.nodes:
-            nodes = _node_list(args.nodes)
+            nodes = node_list(args.nodes)
             with ThreadPoolExecutor(max_workers=min(POOL, max(1, len(nodes)))) as pool:
                 drained, unknown = show_on(mesh, nodes, jobs_dir, pool)
             answer: dict[str, Any] = {"drained": drained, "unknown": unknown}

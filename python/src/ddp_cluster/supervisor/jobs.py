@@ -436,10 +436,6 @@ def stop_here(jobs_dir: str, job: str, reason: str) -> dict[str, Any]:
     return done
 
 
-def _node_list(text: str) -> list[str]:
-    return [node.strip() for node in text.split(",") if node.strip()]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ddp_cluster.supervisor.jobs", description=__doc__.split("\n\n")[0]
@@ -457,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         value = getattr(args, option)
         if value and not node_jobs.JOB_ID.fullmatch(value):
             parser.error(f"--{option} {value!r} is not a job id")
-    nodes = _node_list(args.nodes)
+    nodes = drain.node_list(args.nodes)
     if args.claim or args.release:
         me = socket.gethostname()
         with ThreadPoolExecutor(max_workers=POOL) as pool:
