@@ -25,6 +25,8 @@ for type in $types; do
 "
 done
 mkdir -p /run/sshd /etc/ssh/sshd_config.d
+# The mesh's shared ssh connections' sockets (ControlPath in the mesh's ssh_config): root's only.
+mkdir -p /run/ddp-ssh && chmod 0700 /run/ddp-ssh
 printf 'Port %s\nListenAddress %s\n%s' "$port" "$listen" "$host_keys" > /etc/ssh/sshd_config.d/10-ddp-cluster.conf
 # The sshd the image build found (on PATH, or the distributions' /usr/sbin): sshd re-executes itself, so by its
 # absolute path.

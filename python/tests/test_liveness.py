@@ -201,6 +201,9 @@ def test_the_watchers_command_lines_do_not_match_the_jobs_sweep() -> None:
     assert pattern.search(f"python train.py --output {tag}ckpt")  # ... and does match the job's ranks
     assert "'[/]workspace/jobs/20261126-abc/'" in ssh[-1]  # quoted: the remote shell does not glob it
     assert "ConnectTimeout=3" in ssh and "ServerAliveInterval=3" in ssh and "ServerAliveCountMax=3" in ssh
+    # Its own TCP connection: over the mesh's shared one (ControlMaster) the keepalives would be the master's.
+    fresh = ssh.index("ControlPath=none")
+    assert ssh[fresh - 1] == "-o" and fresh < ssh.index("node1")
     assert "--tag" not in Watch(NODES[:2]).remote(1) and "--job-dir" not in Watch(NODES[:2]).remote(1)
 
 

@@ -213,3 +213,25 @@ def test_this_node_counts_lists_and_sweeps_the_jobs_processes(tmp_path: Path) ->
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_a_probe_opens_its_own_connection_a_command_shares_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The mesh's ssh config shares one connection per node (ControlMaster): a command may ride it, but a probe
+    # judges whether the node answers now, which only a login of its own says.
+    import subprocess
+
+    from ddp_cluster.supervisor.remote import Mesh
+
+    seen: list[list[str]] = []
+
+    def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "3\n", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    mesh = Mesh("node0")
+    assert mesh.probe("node1") == "up"
+    assert mesh.run("node2", "pgrep -c x") == "3\n"
+    probe, command = seen
+    assert "ControlPath=none" in probe and probe.index("ControlPath=none") < probe.index("node1")
+    assert not any("ControlPath" in word for word in command)

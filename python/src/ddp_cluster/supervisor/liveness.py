@@ -107,10 +107,14 @@ def tag_pattern(tag: str) -> str:
 
 
 def ssh_argv(node: str, remote: Sequence[str], every: float, ssh_timeout: int) -> list[str]:
-    """One session to ``node`` running ``remote``: keepalives every ``every`` s, three unanswered end it."""
+    """One session to ``node`` running ``remote``: keepalives every ``every`` s, three unanswered end it. Its
+    own TCP connection (``ControlPath=none``): over the mesh's shared connection (ControlMaster) the
+    keepalives would be the master's, and a verdict on the node one on a connection opened minutes ago."""
     return [
         "ssh",
         "-T",
+        "-o",
+        "ControlPath=none",
         "-o",
         "BatchMode=yes",
         "-o",

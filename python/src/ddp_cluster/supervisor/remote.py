@@ -4,7 +4,10 @@ One :class:`Mesh` per supervisor: a command on a node (:meth:`Mesh.run`), a prob
 files handed out to many nodes at once, and the one way the job's processes are stopped on its nodes
 (:meth:`Mesh.sweep`: one TERM sweep of every node, one grace for all, a KILL sweep where something was left).
 The ssh sessions are the mesh's (host keys pinned, the cluster's port and key from the node's ssh config),
-``POOL`` of them in flight at a time. Tests put a stand-in in its place.
+``POOL`` of them in flight at a time. Commands share one TCP connection per node (the mesh's ssh config:
+ControlMaster, ControlPersist), so that a sweep of every node costs a session each, not a handshake each; a
+probe, which judges whether a node answers, opens its own (``ControlPath=none``). Tests put a stand-in in its
+place.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from ddp_cluster.job import node_jobs
 from ddp_cluster.supervisor.failures import Failure
 from ddp_cluster.supervisor.liveness import probe_verdict
 
+# ssh's option that keeps a command off the mesh's shared connection: a verdict on a node needs its own login.
+FRESH = ("-o", "ControlPath=none")
 # ssh sessions the supervisor keeps in flight to the other nodes (hand-out, probes, stop sweeps), and the
 # grace between the TERM and the KILL sweep of a stop.
 POOL = 64
@@ -60,7 +65,7 @@ class Mesh:
             return "up"
         try:
             done = subprocess.run(
-                [*self.ssh(node, "-o", "LogLevel=INFO"), "true"],
+                [*self.ssh(node, *FRESH, "-o", "LogLevel=INFO"), "true"],
                 capture_output=True,
                 text=True,
                 timeout=self.ssh_timeout + 5,
