@@ -73,6 +73,11 @@ def test_two_nodes_train_digits(local_cluster: PlaybookResult, launcher: str) ->
     assert [event.step for event in events.Scalars("train/loss")] == logged and logged
     assert events.Scalars("eval/accuracy")[-1].value == pytest.approx(summary(job)["accuracy"])
     assert "final loss:" in result.stdout and "samples/s:" in result.stdout
+    # Each rank's output stays in its file on its own node (mpirun's --output-filename DIR:nocopy): none of it
+    # reaches mpirun on node0, whose launcher.log holds mpirun's own lines only.
+    launched = (RUNS / job / "nodes" / "node0" / "launcher.log").read_text()
+    assert "[rank 0/2]" not in launched and "[rank 1/2]" not in launched, launched[-2000:]
+    assert "[rank 1/2]" in (RUNS / job / "nodes" / "node1" / "logs" / "1" / "rank.1" / "stdout").read_text()
     # The plan, the progress and the summary; no skipped task.
     assert f"job {job}: {launcher} on node0, node1" in result.stdout
     assert re.search(rf"job {job}: (starting|running) after \d+ s: ", result.stdout), result.stdout

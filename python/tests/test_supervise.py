@@ -235,3 +235,31 @@ def test_a_probe_opens_its_own_connection_a_command_shares_one(monkeypatch: pyte
     probe, command = seen
     assert "ControlPath=none" in probe and probe.index("ControlPath=none") < probe.index("node1")
     assert not any("ControlPath" in word for word in command)
+
+
+def test_with_torchrun_the_failing_agents_own_log_names_the_rank(tmp_path: Path) -> None:
+    # mpirun writes a rank's output on its own node only (--output-filename DIR:nocopy): launcher.log holds
+    # mpirun's lines, which name the failing node's agent; torchrun's Root Cause block is in that agent's log.
+    job_dir = tmp_path / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "launcher.log").write_text((DATA / "mpirun-exit.log").read_text())
+    job = spec(launcher="torchrun", job_dir=str(job_dir))
+    supervisor = Supervisor(spec=job, job_dir=job_dir, launcher=[])
+    asked: list[tuple[int, str]] = []
+
+    def agent_log(process: int, node: str) -> list[str]:
+        asked.append((process, node))
+        return (DATA / "torchrun-root-cause.log").read_text().splitlines()[-20:]
+
+    supervisor.rank_log_tail = agent_log  # type: ignore[method-assign]
+    failure = supervisor.launcher_failure(1)
+    assert asked == [(1, "node1")]
+    assert (failure.node, failure.rank, failure.signal) == ("node1", 1, 9)
+    # An agent's log without the block: mpirun's own verdict stands (the node, no rank).
+    supervisor.rank_log_tail = lambda process, node: ["no root cause here"]  # type: ignore[method-assign]
+    assert (supervisor.launcher_failure(1).node, supervisor.launcher_failure(1).rank) == ("node1", None)
+
+
+def test_mpirun_keeps_each_ranks_output_on_its_own_node() -> None:
+    argv = spec().launch_argv()
+    assert argv[argv.index("--output-filename") + 1] == "/workspace/jobs/j1/logs:nocopy"

@@ -275,7 +275,10 @@ class JobSpec:
             str(WIREUP_CONCURRENT),
         ]
         argv += ["--mca", "routed_radix", str(WIREUP_RADIX)]
-        argv += ["--output-filename", f"{self.job_dir}/{results.LOGS}", "--merge-stderr-to-stdout"]
+        # Each rank's output in a file on its own node, not also sent to mpirun on the first node (":nocopy"),
+        # which would carry every rank's lines over its daemons' connections and into launcher.log: failures
+        # are read from mpirun's own lines there and from the failing rank's file, on its node.
+        argv += ["--output-filename", f"{self.job_dir}/{results.LOGS}:nocopy", "--merge-stderr-to-stdout"]
         argv += ["--wdir", self.working_directory()]
         argv += ["-x", "PATH", "-x", "OMPI_ALLOW_RUN_AS_ROOT", "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
         for name in sorted(self.variables()):

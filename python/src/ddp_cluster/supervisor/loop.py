@@ -225,6 +225,18 @@ class Supervisor:
         )
         return self.mesh.run(node, command).splitlines()
 
+    def launcher_failure(self, returncode: int) -> Failure:
+        """What failed, from mpirun's own lines in JOB/launcher.log (the ranks' output stays on their nodes:
+        ``--output-filename DIR:nocopy``). With torchrun, mpirun names the failing node's agent, whose log (on
+        that node) holds torchrun's Root Cause block, which names the rank."""
+        failure = launcher_failure(read_text(self.job_dir / LAUNCHER_LOG), self.spec, returncode)
+        if self.spec.agents and failure.rank is None and failure.node in self.nodes:
+            agent = self.rank_log_tail(self.nodes.index(failure.node), failure.node)
+            named = launcher_failure("\n".join(agent), self.spec, returncode)
+            if named.rank is not None:
+                return named
+        return failure
+
     def progress(self) -> Any:
         metrics = self.job_dir / "output" / "metrics.jsonl"
         line = last_line(metrics) if metrics.exists() else last_line(self.rank_log(0))
@@ -264,7 +276,7 @@ class Supervisor:
             if returncode is not None:
                 if returncode == 0:
                     return None
-                failure = launcher_failure(read_text(self.job_dir / LAUNCHER_LOG), self.spec, returncode)
+                failure = self.launcher_failure(returncode)
                 # A dead or frozen node makes its peers' collectives (and mpirun's daemons) fail first: wait
                 # for the watch's verdict on a node it has not heard from lately, then name the cause.
                 deadline = time.time() + self.spec.liveness_timeout + 2 * self.liveness_every
