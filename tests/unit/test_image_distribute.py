@@ -464,6 +464,7 @@ def test_a_server_build_is_pulled_by_digest_from_the_build_server_with_its_host_
     log = tmp_path / "ssh.log"
     monkeypatch.setenv("DDP_FAKE_SSH_LOG", str(log))
     monkeypatch.setenv("DDP_FAKE_LOG", str(log))
+    monkeypatch.setattr(dist, "RETRY_DELAYS", (0.0, 0.0, 0.0))
     servers = [{"name": name, "ssh": [str(ssh), name]} for name in ("srv1", "srv-down")]
     given = params(servers=servers, source={"name": "src", "ssh": [str(ssh), "-p", "2222", "admin@src"]},
                    source_address="10.0.0.9", source_script="registry", receiver_script="pull")  # fmt: skip
@@ -476,9 +477,10 @@ def test_a_server_build_is_pulled_by_digest_from_the_build_server_with_its_host_
     assert report["servers"]["srv1"]["ok"] and report["servers"]["srv1"]["layers_pulled"] == 1
     assert report["servers"]["srv1"]["pulled"] == PULLED
     assert report["failed_servers"] == ["srv-down"]
-    assert (
-        "could not reach the image registry on the build server src" in report["servers"]["srv-down"]["error"]
-    )
+    # A tunnel that does not come up may on a later try: srv-down was tried four times, then named.
+    assert (report["servers"]["srv1"]["attempts"], report["servers"]["srv-down"]["attempts"]) == (1, 4)
+    down = report["servers"]["srv-down"]["error"]
+    assert "could not reach the image registry on the build server src" in down and "(tried 4 times)" in down
     receiver = next(line for line in log.read_text().splitlines() if line.startswith("sh -c pull ddp-pull"))
     assert shlex.split(receiver)[3:11] == [
         "ddp-pull", PULLED, "ddp-cluster/node:ab12", BUILT_ID, "15000", "10.0.0.9", "2222", "admin",
@@ -558,3 +560,118 @@ def test_the_image_build_gets_no_pip_argument_and_the_image_keeps_no_build_secre
     # The wheelhouse stage's files (the requirements, the wheels) stay in that stage: the node image copies
     # the venv alone from it.
     assert re.findall(r"^COPY --from=(\w+) (\S+)", dockerfile, re.MULTILINE) == [("deps", "/opt/venv")]
+
+
+def test_what_passes_is_tried_again_and_a_wrong_image_never() -> None:
+    kex = "kex_exchange_identification: Connection closed by remote host\n"
+    assert dist.passing(255, kex) and dist.passing(255, "ssh: connect to host a port 22: Connection refused")
+    assert dist.passing(
+        dist.TUNNEL_DOWN, "tunnel: kex_exchange_identification: read: Connection reset by peer"
+    )
+    assert dist.passing(1, 'Get "http://127.0.0.1:15000/v2/": EOF')
+    assert dist.passing(
+        1, "error pulling image configuration: download failed after attempts=6: unexpected EOF"
+    )
+    # The same next time: an image that is not the one built, a pull past its bound, a refused login or host
+    # key, a taken port, a manifest the registry does not have.
+    assert not dist.passing(dist.WRONG_IMAGE, "error: the image pulled by digest ... Connection reset")
+    assert not dist.passing(124, "Connection reset by peer")
+    assert not dist.passing(255, "root@10.0.0.5: Permission denied (publickey).")
+    assert not dist.passing(255, "Host key verification failed.")
+    assert not dist.passing(255, "Error: remote port forwarding failed for listen port 15000")
+    assert not dist.passing(1, "Error response from daemon: manifest unknown")
+    assert not dist.passing(0, "")
+
+
+def test_retries_wait_two_four_and_eight_seconds_with_a_jitter_and_count_the_attempts() -> None:
+    assert [dist.retry_delay(attempt, lambda low, high: high) for attempt in (1, 2, 3)] == [3.0, 6.0, 12.0]
+    assert [dist.retry_delay(attempt, lambda low, high: low) for attempt in (1, 2, 3)] == [2.0, 4.0, 8.0]
+    waited: list[float] = []
+    outcomes = iter([(False, True), (False, True), (True, False)])
+
+    def attempt() -> tuple[dict[str, Any], bool]:
+        ok, transient = next(outcomes)
+        return {"ok": ok, "error": "" if ok else "dropped"}, transient
+
+    result = dist.with_retries(attempt, sleep=waited.append)
+    assert result["ok"] and result["attempts"] == 3 and len(waited) == 2
+    assert 2.0 <= waited[0] <= 3.0 and 4.0 <= waited[1] <= 6.0
+    # Never more than three retries; a failure that does not pass is not tried again.
+    waited.clear()
+    result = dist.with_retries(lambda: ({"ok": False, "error": "dropped"}, True), sleep=waited.append)
+    assert result["attempts"] == 4 and len(waited) == 3 and result["error"] == "dropped (tried 4 times)"
+    result = dist.with_retries(lambda: ({"ok": False, "error": "wrong image"}, False), sleep=waited.append)
+    assert result["attempts"] == 1 and result["error"] == "wrong image" and len(waited) == 3
+
+
+# The receivers of a server build, each as slow as a real handshake: every one marks itself in flight from its
+# ssh's start until its tunnel is up (a file per process in $DDP_FAKE_LOG.inflight) and writes how many are in
+# flight then; srv-flaky is dropped by sshd on its first try, srv-wrong gets another image.
+GATED_SSH = r"""#!/bin/sh
+prev=
+for arg; do target=$prev; prev=$arg; done
+case "$prev" in
+  *ddp-registry*)
+    IFS= read -r password
+    echo "pushed: 2"
+    echo "digest: sha256:6087a7c117ca9ea0ac4b4e3b45534ac95779d8b0ca533dfdff6a1cc1e293bcc4"
+    echo "image_id: sha256:2ada85227f55b01da1014b2f82fb37d388f0511e20173b6555aa40f2b19e371e"
+    echo "hostkey: ssh-ed25519 AAAAsource"; echo ready
+    cat >/dev/null; echo "served: 1" ;;
+  *ddp-pull*)
+    cat >/dev/null
+    echo "$target" >> "$DDP_FAKE_LOG.tries"
+    inflight=$DDP_FAKE_LOG.inflight
+    mkdir -p "$inflight"; : > "$inflight/$$"
+    ls "$inflight" | wc -l >> "$DDP_FAKE_LOG.counts"
+    sleep 0.2
+    rm -f "$inflight/$$"
+    if [ "$target" = srv-flaky ] && [ "$(grep -cx srv-flaky "$DDP_FAKE_LOG.tries")" = 1 ]; then
+      echo "kex_exchange_identification: Connection closed by remote host" >&2; exit 255
+    fi
+    echo "tunnel: up"
+    [ "$target" = srv-wrong ] && { echo "error: the image pulled by digest has another ID"; exit 5; }
+    sleep 0.2
+    echo "0123456789ab: Pull complete"
+    echo "pulled: $(printf '%s' "$prev" | sed -n 's/.* ddp-pull \([^ ]*\) .*/\1/p')" ;;
+esac
+"""
+
+
+def run_gated_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]
+) -> tuple[dict[str, Any], list[int], list[str]]:
+    """A server build to ``names``, 32 pulls at a time: the report, the numbers in flight each receiver saw,
+    and the receivers in the order they were tried."""
+    ssh = tmp_path / "ssh"
+    ssh.write_text(GATED_SSH)
+    ssh.chmod(0o755)
+    log = tmp_path / "ssh.log"
+    monkeypatch.setenv("DDP_FAKE_LOG", str(log))
+    servers = [{"name": name, "ssh": [str(ssh), name]} for name in names]
+    given = params(servers=servers, source={"name": "src", "ssh": [str(ssh), "src"]}, parallel=32,
+                   source_address="10.0.0.9", source_script="registry", receiver_script="pull")  # fmt: skip
+    failed, report = dist.run(given, check_mode=False)
+    assert not failed, report
+    counts = [int(line) for line in Path(f"{log}.counts").read_text().split()]
+    return report, counts, Path(f"{log}.tries").read_text().split()
+
+
+def test_no_more_than_eight_pulls_are_in_their_handshakes_with_the_build_servers_sshd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dist, "RETRY_DELAYS", (0.0, 0.0, 0.0))
+    names = [f"srv{index}" for index in range(30)] + ["srv-flaky", "srv-wrong"]
+    report, counts, tries = run_gated_distribution(tmp_path, monkeypatch, names)
+    assert len(counts) == 33 and max(counts) <= dist.HANDSHAKES_PER_SSHD, counts
+    assert report["failed_servers"] == ["srv-wrong"]
+    # srv-flaky's first tunnel was dropped in its handshake: tried again, pulled; the wrong image never.
+    assert tries.count("srv-flaky") == 2 and tries.count("srv-wrong") == 1
+    flaky, wrong = report["servers"]["srv-flaky"], report["servers"]["srv-wrong"]
+    assert (flaky["ok"], flaky["attempts"], wrong["attempts"]) == (True, 2, 1)
+    assert all(report["servers"][name]["attempts"] == 1 for name in names[:30])
+    # The same pulls without the gate (one as wide as the pulls): the handshakes pile up on the one sshd.
+    monkeypatch.setattr(dist, "HANDSHAKES_PER_SSHD", 64)
+    (tmp_path / "ungated").mkdir()
+    _, ungated, _ = run_gated_distribution(tmp_path / "ungated", monkeypatch, names[:30])
+    assert max(ungated) > 8, ungated

@@ -21,8 +21,11 @@ description:
   - Every server pulls by digest and compares the ID of the image it got with the built image's ID; on a
     mismatch the pulled image is removed and that server fails, naming both IDs (C(receiver_script), the
     role's files/pull-image.sh).
+  - A pull that fails for a reason that passes (ssh's own failure, sshd dropping the connection in its
+    handshake, a tunnel that did not come up, a connection closed or reset, a registry's EOF) is tried again
+    after 2, 4 and 8 s, each plus a jitter; an image that is not the one built never is.
   - A server whose pull fails is listed in C(failed_servers) with its reason (the call itself fails only when
-    the registry or the push does), so that the role can fail that server by name.
+    the registry or the push does), so that the role can fail that server by name, and that server only.
   - With C(registry) (the user's registry, e.g. C(harbor.example.com/ml)), pushes there (the controller's
     engine must be logged in) and each server pulls from it directly, over the same ssh command without a
     tunnel.
@@ -67,9 +70,11 @@ options:
     type: path
     required: true
   parallel:
-    description: Servers pulling at the same time.
+    description:
+      - Servers pulling at the same time. Of those that tunnel to a build server, at most 8 are in their ssh
+        handshakes with its sshd at once (below sshd's default MaxStartups), however many this is.
     type: int
-    default: 16
+    default: 64
   timeout:
     description: Seconds one server's pull may take; the push gets the same bound.
     type: int
@@ -114,7 +119,7 @@ pushed_layers:
   returned: always
 servers:
   description: Per server name, ok, rc, seconds, layers_pulled, layers_present, pulled (the reference it
-    pulled), image_id (the ID it got), error and the output's last lines.
+    pulled), image_id (the ID it got), attempts (1 to 4), error and the output's last lines.
   type: dict
   returned: always
 failed_servers:
@@ -147,7 +152,7 @@ def main() -> None:
             "port": {"type": "int", "default": 15000},
             "registry_command": {"type": "str", "default": "docker-registry"},
             "storage": {"type": "path", "required": True},
-            "parallel": {"type": "int", "default": 16},
+            "parallel": {"type": "int", "default": 64},
             "timeout": {"type": "int", "default": 1800},
             "source": {"type": "dict"},
             "source_address": {"type": "str", "default": ""},

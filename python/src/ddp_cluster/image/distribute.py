@@ -14,6 +14,14 @@ its own.
   every server runs the role's files/pull-image.sh;
 - :func:`run`: the module's whole call, check mode included, as (failed, result).
 
+At scale two things keep a pull from failing for nothing. A pull that tunnels to a build server holds that
+server's gate (:data:`HANDSHAKES_PER_SSHD` pulls at most) from its ssh's start until pull-image.sh says its
+tunnel is up (:func:`run_gated`): however many servers pull at once, that sshd never has more unauthenticated
+connections in flight than its default ``MaxStartups 10:30:100`` accepts without dropping some at random. And
+a pull that failed for a reason that passes (ssh's own failure, a tunnel that did not come up, a connection
+closed or reset, a registry's EOF) is tried again after 2, 4 and 8 s and a jitter (:func:`with_retries`); an
+image that is not the one built never is.
+
 The registry this module runs listens on a loopback (the controller's or the build server's), and each pull
 reaches it through a tunnel that ends on the pulling server's loopback: both are shared by the node
 containers on those servers' host network, and Docker's engine only pulls over TCP, so no port can be hidden
@@ -31,6 +39,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import random
 import re
 import secrets
 import select
@@ -39,6 +48,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -63,6 +73,29 @@ BCRYPT_COST = 4
 BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 # pull-image.sh's exit status when the image pulled by digest is not the one built.
 WRONG_IMAGE = 5
+# What pull-image.sh says once its tunnel to a build server answers: the end of that pull's ssh handshakes.
+TUNNEL_UP = "tunnel: up"
+# pull-image.sh's exit status when its tunnel to the build server did not come up.
+TUNNEL_DOWN = 4
+# Pulls in the middle of their ssh handshakes with one sshd at a time: below sshd's default MaxStartups
+# (10:30:100: past 10 unauthenticated connections it drops 30% of new ones), so none is dropped at random.
+HANDSHAKES_PER_SSHD = 8
+# Seconds before the second, third and fourth attempt of a pull that failed for a reason that passes, each
+# plus up to half of it again at random, so that pulls dropped together do not come back together.
+RETRY_DELAYS = (2.0, 4.0, 8.0)
+# What says a failed pull may pass on a second try: sshd dropping or refusing a connection (MaxStartups, a
+# restart), a connection reset, a registry's answer cut short (EOF) through a tunnel that went away.
+PASSING = re.compile(
+    r"kex_exchange_identification|Connection closed|Connection reset|reset by peer|Connection refused"
+    r"|Connection timed out|Broken pipe|unexpected EOF|\bEOF$|TLS handshake timeout|i/o timeout",
+    re.IGNORECASE | re.MULTILINE,
+)
+# ...and what says it will fail the same way again: a login refused, a host key that does not match, a name
+# that does not resolve.
+NOT_PASSING = re.compile(
+    r"Permission denied|Host key verification failed|IDENTIFICATION HAS CHANGED|Could not resolve hostname",
+    re.IGNORECASE,
+)
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
                "-o", "ServerAliveCountMax=4")  # fmt: skip
 
@@ -219,7 +252,7 @@ def receiver_error(rc: int, output: str, source: str, port: int) -> str:
     tail = _tail(output)
     if rc == WRONG_IMAGE:
         return wrong_image(output)
-    if rc == 4:
+    if rc == TUNNEL_DOWN:
         return (
             f"could not reach the image registry on the build server {source} through a tunnel over the "
             f"cluster's network (ssh to its address, port {port} on both loopbacks): {tail}. Check that this "
@@ -229,6 +262,100 @@ def receiver_error(rc: int, output: str, source: str, port: int) -> str:
     if rc == 255:
         return f"ssh to the server failed: {tail}"
     return f"the pull from the build server {source} failed (rc {rc}): {tail}"
+
+
+def passing(rc: int, output: str) -> bool:
+    """Whether a pull that ended with ``rc`` and ``output`` may succeed when tried again: ssh's own failure
+    (255: no connection, dropped in its handshake) or a tunnel that did not come up (TUNNEL_DOWN), unless a
+    forward was refused (a taken port, forwarding forbidden) or a login (a key, a host key, a name: the same
+    next time); a docker pull cut short by a
+    closed or reset connection or an EOF. Never an image that is not the one built (WRONG_IMAGE), nor a pull
+    past its bound."""
+    if rc in (0, WRONG_IMAGE, 124):
+        return False
+    if TUNNEL_FAILED.search(output) or NOT_PASSING.search(output):
+        return False
+    return rc in (255, TUNNEL_DOWN) or bool(PASSING.search(output))
+
+
+def retry_delay(attempt: int, jitter: Callable[[float, float], float] = random.uniform) -> float:
+    """Seconds to wait after the failed attempt number ``attempt`` (1, 2, 3): RETRY_DELAYS plus up to half
+    again."""
+    base = RETRY_DELAYS[attempt - 1]
+    return base + jitter(0.0, base / 2)
+
+
+def with_retries(
+    attempt: Callable[[], tuple[dict[str, Any], bool]], sleep: Callable[[float], None] = time.sleep
+) -> dict[str, Any]:
+    """``attempt()`` -> (result, passing) until it succeeds, fails for a reason that does not pass, or has
+    been tried 1 + len(RETRY_DELAYS) times; the last result, with ``attempts``."""
+    tried, started = 0, time.monotonic()
+    while True:
+        result, transient = attempt()
+        tried += 1
+        if result["ok"] or not transient or tried > len(RETRY_DELAYS):
+            break
+        sleep(retry_delay(tried))
+    result["attempts"] = tried
+    result["seconds"] = round(time.monotonic() - started, 1)
+    if not result["ok"] and tried > 1:
+        result["error"] = f"{result['error']} (tried {tried} times)"
+    return result
+
+
+def run_gated(
+    argv: list[str], timeout: int, stdin: str, gate: threading.Semaphore | None
+) -> subprocess.CompletedProcess[str]:
+    """argv as :func:`run_bounded` runs it (its stderr into its stdout), holding ``gate`` (when given) from
+    its start until it says TUNNEL_UP or ends: the pulls that hold one build server's gate are the only ones
+    in the middle of ssh handshakes with it. Waiting for the gate does not count against ``timeout``."""
+    released = threading.Event()
+
+    def release() -> None:
+        if gate is not None and not released.is_set():
+            released.set()
+            gate.release()
+
+    if gate is not None:
+        gate.acquire()
+    try:
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+    except BaseException:
+        release()
+        raise
+    assert process.stdin is not None and process.stdout is not None
+    deadline = time.monotonic() + timeout
+    said: list[str] = []
+    rc = 124
+    try:
+        with contextlib.suppress(OSError):  # a process that ended at once says why in its output
+            process.stdin.write(stdin.encode())
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        lines = SessionLines(process.stdout.fileno())
+        while True:
+            line = lines.next(deadline)
+            if line is None:
+                break
+            said.append(line)
+            if line == TUNNEL_UP:
+                release()
+        release()
+        if lines.closed:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rc = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        release()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+    output = "".join(f"{line}\n" for line in said)
+    return subprocess.CompletedProcess(argv, rc, output, f"timed out after {timeout} s" if rc == 124 else "")
 
 
 def _die_with_parent() -> None:
@@ -403,12 +530,18 @@ def pull_everywhere(
 def pull(
     server: dict[str, Any], command: str, stdin: str, tunnel_port: int | None, timeout: int
 ) -> dict[str, Any]:
-    started = time.monotonic()
+    """One server's pull from the controller's registry or the user's, tried again while it fails for a
+    reason that passes."""
     argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, tunnel_port)
-    done = run_bounded(argv, timeout, stdin=stdin)
-    return pull_result(
-        done, started, timeout, pull_error(done.returncode, done.stdout + done.stderr, tunnel_port)
-    )
+
+    def attempt() -> tuple[dict[str, Any], bool]:
+        started = time.monotonic()
+        done = run_bounded(argv, timeout, stdin=stdin)
+        output = done.stdout + done.stderr
+        error = pull_error(done.returncode, output, tunnel_port)
+        return pull_result(done, started, timeout, error), passing(done.returncode, output)
+
+    return with_retries(attempt)
 
 
 class SessionLines:
@@ -545,12 +678,18 @@ def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
             )  # fmt: skip
             stdin = pull_input(registry_auth(password), private)
 
+            gate = threading.BoundedSemaphore(HANDSHAKES_PER_SSHD)  # the source's sshd
+
             def receive(server: dict[str, Any]) -> dict[str, Any]:
-                begun = time.monotonic()
                 argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
-                done = run_bounded(argv, timeout, stdin=stdin)
-                error = receiver_error(done.returncode, done.stdout + done.stderr, source["name"], port)
-                return pull_result(done, begun, timeout, error)
+
+                def attempt() -> tuple[dict[str, Any], bool]:
+                    begun = time.monotonic()
+                    done = run_gated(argv, timeout, stdin, gate)
+                    error = receiver_error(done.returncode, done.stdout, source["name"], port)
+                    return pull_result(done, begun, timeout, error), passing(done.returncode, done.stdout)
+
+                return with_retries(attempt)
 
             report.update(pull_everywhere(params["servers"], params["parallel"], receive))
         finally:
