@@ -86,6 +86,10 @@ def test_the_script_asks_the_node_in_its_container_and_pings_from_the_server() -
     inner = shlex.split(first)[5]
     assert node_jobs.command("/workspace/jobs") in inner and "'sport = :29501'" in inner
     assert inner.endswith("; echo up")
+    # The first node (it gets the master port) says its listen backlog, from the node's network namespace.
+    assert "echo somaxconn: $(cat /proc/sys/net/core/somaxconn)" in inner
+    other = node_check.check_script("node1", None, node_check.HCCN_TOOL, [], "/workspace/jobs")
+    assert "somaxconn" not in other
     assert ping.startswith(f"out=$(timeout 60 {node_check.HCCN_TOOL} -i 3 -ping -g address 10.0.0.5 2>&1)")
 
 
@@ -262,3 +266,35 @@ def test_a_drained_node_is_never_waited_for() -> None:
     node = Drained(reads=3)
     result = check_node({**plan(), "wait_for_nodes": True}, "node0", node, say=print, sleep=slept.append)
     assert result["failed"] is True and "drained" in result["msg"] and slept == []
+
+
+def test_the_first_nodes_listen_backlog_must_hold_every_ranks_connection() -> None:
+    # 9216 ranks all connect to the store on the first node at the start; a kernel that keeps 4096 pending
+    # connections drops the rest, which the ranks see as store timeouts much later.
+    (problem,) = problems("node0", "node0", "somaxconn: 4096\nup", 29501, [], own="J1", ranks=9216)
+    assert problem == (
+        "node0: net.core.somaxconn is 4096, fewer than the job's 9216 ranks, which all connect to the store"
+        " on this node at the start: the kernel would drop connections and ranks time out. Raise it on the"
+        " node's server: `ansible-playbook site.yml --tags cluster_host` sizes it to the cluster"
+        " (or -e cluster_host_somaxconn=18432), or run fewer ranks."
+    )
+    assert problems("node0", "node0", "somaxconn: 18432\nup", 29501, [], own="J1", ranks=9216) == []
+    assert problems("node0", "node0", "somaxconn: 4096\nup", 29501, [], own="J1", ranks=4096) == []
+    # Past what cluster_host sets (65535), the kernel's most is all there is: not refused.
+    assert problems("node0", "node0", "somaxconn: 65535\nup", 29501, [], own="J1", ranks=80000) == []
+    # A node that did not say (an older node's answer): nothing to judge.
+    assert problems("node0", "node0", "up", 29501, [], own="J1", ranks=9216) == []
+
+
+def test_the_check_reads_the_jobs_world_size_from_the_plan() -> None:
+    class Small(Busy):
+        def run(self, command: str) -> Done:
+            self.commands.append(command)
+            return Done(0, f"{report()}\nsomaxconn: 128\nup\n")
+
+    result = check_node({**plan(), "world_size": 256}, "node0", Small(0), say=print)
+    assert (
+        result["failed"] is True
+        and "net.core.somaxconn is 128, fewer than the job's 256 ranks" in result["msg"]
+    )
+    assert "failed" not in check_node({**plan(), "world_size": 64}, "node0", Small(0), say=print)

@@ -5,7 +5,8 @@ One command on the node's server (:func:`check_script`): the job's directory is 
 one job: an id used before on this node is refused before anything is written); the node container answers
 ``docker exec``; the node runs no other job (one job per node at a time; the node's own answer,
 :mod:`ddp_cluster.job.node_jobs`, names the other job and its nodes; with ``wait_for_nodes`` the check is
-repeated until the node is free, within the job's time bound); on the first node the master port is free;
+repeated until the node is free, within the job's time bound); on the first node the master port is free
+and the kernel's listen backlog (``net.core.somaxconn``) holds every rank's connection to the store there;
 before an npu health gate, each of the node's job devices reaches its counterpart on the next server
 (``hccn_tool -i N -ping -g address IP``, as the Ascend multi-node checklist does); the node is not drained
 (the plan skips drained nodes; one drained after the plan, or whose state the plan could not read, is refused
@@ -29,6 +30,10 @@ PING_LINE = re.compile(r"^ping (\S+) (\S+) (\S+) ?(.*)$")
 BUSY_POLL = 5.0
 # The script's line when the job's directory is on the node already: its id was used there before.
 EXISTS = "exists: "
+# The first node's line: the listen backlog of its network namespace (the store's, rank 0's and mpirun's).
+BACKLOG = "somaxconn: "
+# Linux's largest listen backlog cluster_host sets (a larger job gets what the kernel allows: no refusal).
+BACKLOG_MAX = 65535
 
 
 def check_script(
@@ -43,7 +48,12 @@ def check_script(
     server) is there already; ``listening:`` lines, the node's jobs (one JSON line) and ``up`` from the
     container (``down: RC`` when it does not answer), then a ``ping`` line per target. ``jobs``: the jobs'
     directory in the node (/workspace/jobs)."""
-    listening = f"(ss -Htln 'sport = :{port}' | sed 's/^/listening: /'); " if port else ""
+    listening = (
+        f"(ss -Htln 'sport = :{port}' | sed 's/^/listening: /');"
+        f" echo {BACKLOG}$(cat /proc/sys/net/core/somaxconn); "
+        if port
+        else ""
+    )
     in_node = f"{listening}({node_jobs.command(jobs)}); echo up"
     lines = []
     if job_dir:
@@ -84,8 +94,10 @@ def problems(
     port: int | None,
     targets: Sequence[Mapping[str, Any]],
     own: str = "",
+    ranks: int = 0,
 ) -> list[str]:
-    """What the script's output says is wrong on ``node``, each with its fix."""
+    """What the script's output says is wrong on ``node``, each with its fix. ``ranks``: the job's world size,
+    checked against the first node's listen backlog."""
     lines = output.splitlines()
     if "up" not in lines:
         said = " ".join(line for line in lines if not line.startswith("ping ")).strip()
@@ -111,6 +123,8 @@ def problems(
             f"{node}: the master port {port} is taken ({'; '.join(listening)}): stop what listens there"
             " (an earlier job?), or pick another port with -e cluster_master_port=PORT."
         )
+    if problem := backlog_problem(node, lines, ranks):
+        found.append(problem)
     peer = targets[0]["peer"] if targets else ""
     failed = [
         f"device {match.group(1)} -> {peer} at {match.group(2)} (rc {match.group(3)}: {match.group(4)})"
@@ -124,6 +138,22 @@ def problems(
             " (-link -g) and health (-net_health -g); site.yml sets and checks them."
         )
     return found
+
+
+def backlog_problem(node: str, lines: Sequence[str], ranks: int) -> str:
+    """The first node's listen backlog when it is smaller than the job's ranks: each rank connects to the
+    store there at the start, and the kernel drops connections past ``net.core.somaxconn`` (ranks then time
+    out)."""
+    said = [line.removeprefix(BACKLOG).strip() for line in lines if line.startswith(BACKLOG)]
+    if not said or not said[-1].isdigit() or int(said[-1]) >= min(ranks, BACKLOG_MAX):
+        return ""
+    wanted = min(BACKLOG_MAX, max(4096, 2 * ranks))
+    return (
+        f"{node}: net.core.somaxconn is {said[-1]}, fewer than the job's {ranks} ranks, which all connect to"
+        f" the store on this node at the start: the kernel would drop connections and ranks time out. Raise"
+        f" it on the node's server: `ansible-playbook site.yml --tags cluster_host` sizes it to the cluster"
+        f" (or -e cluster_host_somaxconn={wanted}), or run fewer ranks."
+    )
 
 
 def check_node(
@@ -140,13 +170,14 @@ def check_node(
     port = int(plan["master_port"]) if node == plan["first"] else None
     targets = list((plan.get("ping") or {}).get(node) or [])
     own = str(plan["id"])
+    ranks = int(plan.get("world_size") or 0)
     job_dir = str((plan.get("host_dirs") or {}).get(node) or "")
     script = check_script(node, port, tool, targets, node_jobs.jobs_dir(str(plan["job_dir"])), job_dir)
     deadline = clock() + float(plan["timeout"])
     waited = False
     while True:
         output = transport.run(script).stdout
-        found = problems(node, node, output, port, targets, own=own)
+        found = problems(node, node, output, port, targets, own=own, ranks=ranks)
         busy = busy_jobs(output, own)
         # wait=true: a node busy with another job is waited for (its master port is that job's)
         waiting = [problem for problem in found if not problem.startswith(f"{node}: the master port")]

@@ -200,6 +200,7 @@ class Plan:
             timeout=self.spec.timeout,
             poll=self.spec.poll,
             master_port=self.spec.master_port,
+            world_size=self.spec.world_size,
             lines=self.lines(),
         )
         return data
