@@ -5,6 +5,11 @@ The containers stage writes one ``NODE.json`` per node under the cluster's contr
 CPU binding, so that a job probes nothing that does not change between jobs. :class:`NodeRecord` is one,
 checked; :func:`read_records` reads them all; :func:`node_record` names the fix when a node has none.
 
+Beside each, site.yml's last stage writes ``NODE.state.json``: whether the run converged that node
+(``"converged"``) and if not why (``"reason"``, ``"at"``). A server that failed or could not be reached
+mid-run is left out and the others converge; :func:`unconverged` names such nodes, so that a job passes over
+them until site.yml converges them again.
+
 Standard library only.
 """
 
@@ -20,6 +25,8 @@ from typing import Any
 from ddp_cluster.job.request import PlanError
 
 RECORDS_DIR = "nodes"  # under the cluster's controller directory: one NODE.json per node
+STATE_SUFFIX = ".state.json"  # beside it: NODE.state.json, what site.yml's last run did on the node
+NOT_CONVERGED = "not converged by the last site.yml"  # how a plan's passed-over node starts its why
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ def read_records(directory: Path) -> dict[str, Any]:
     """The node records site.yml wrote (one NODE.json each); {} when there are none yet."""
     records: dict[str, Any] = {}
     for path in sorted(directory.glob("*.json")):
+        if path.name.endswith(STATE_SUFFIX):
+            continue
         try:
             records[path.stem] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
@@ -92,3 +101,25 @@ def read_records(directory: Path) -> dict[str, Any]:
                 [f"{path} cannot be read ({error}): run site.yml to record the node again"]
             ) from None
     return records
+
+
+def unconverged(directory: Path) -> dict[str, str]:
+    """The nodes whose last site.yml did not converge them (their ``NODE.state.json`` says ``"converged":
+    false``), node -> why, in name order. A node with no state file (recorded before site.yml wrote them), or
+    one that cannot be read, is not passed over: its record and its own check before the start decide."""
+    found: dict[str, str] = {}
+    for path in sorted(directory.glob(f"*{STATE_SUFFIX}")):
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, Mapping) and state.get("converged") is False:
+            why = str(state.get("reason") or "").strip() or "no reason recorded"
+            at = str(state.get("at") or "").strip()
+            found[path.name.removesuffix(STATE_SUFFIX)] = f"{why} (site.yml, {at})" if at else why
+    return found
+
+
+def unconverged_reason(why: str) -> str:
+    """How the plan names a node it passed over because site.yml did not converge it."""
+    return f"{NOT_CONVERGED}: {why}; run site.yml again for it"
