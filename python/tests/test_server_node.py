@@ -286,6 +286,7 @@ def test_the_probe_lines_give_the_record_the_host_keys_and_the_files() -> None:
         "cpu_binding": "0=0-23;1=24-47",
         "workspace": "/var/lib/ddp-cluster/n0/workspace",
         "container_workspace": "/workspace",
+        "host_keys": {"ed25519": "ssh-ed25519 AAAA"},
     }
     assert node.record_of(probe, "w", "c").endswith("}\n")
 

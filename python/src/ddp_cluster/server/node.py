@@ -449,7 +449,8 @@ def probe_lines(lines: list[str]) -> list[tuple[str, str]]:
 def record_of(probe: list[tuple[str, str]], workspace: str, container_workspace: str) -> str:
     """The node's record for every job's plan (JSON text): its cluster interface, address and network (the
     mesh lets that network's nodes in: a bridge network's addresses change when a container is made again),
-    CPU binding, workspaces."""
+    CPU binding, workspaces, and its host keys (the compiled cluster's known_hosts pins them, read once on the
+    controller instead of from every host's facts)."""
     values = dict(probe)
     address = values.get("address", "")
     try:
@@ -463,6 +464,7 @@ def record_of(probe: list[tuple[str, str]], workspace: str, container_workspace:
         "cpu_binding": values.get("cpu-binding", ""),
         "workspace": workspace,
         "container_workspace": container_workspace,
+        "host_keys": host_keys(probe),
     }
     return json.dumps(record, indent=4, sort_keys=True) + "\n"
 
