@@ -152,10 +152,17 @@ def test_many_failures_name_the_first_fifty_and_count_the_rest() -> None:
     assert "n49 (hosts" in line and "n50 (" not in line and "and 10 more" in line
 
 
-def test_the_servers_counted_are_every_plays_nodes_and_failed_hosts_outside_them() -> None:
+def test_the_servers_counted_are_every_plays_nodes_a_controller_play_is_named_not_counted() -> None:
     made = ConvergeSummary("site.yml")
     made.play("preflight", [], None, fatal=True)  # a controller play: no node
     made.play("hosts", ["a", "b"], 10.0, fatal=False)
     made.play("mesh", ["b", "c"], 10.0, fatal=False)
     made.failed("localhost", "t", {"msg": "m"})
-    assert made.line({"localhost": 1}, {}).startswith("site.yml: 3 of 4 servers converged; not: localhost")
+    made.failed("b", "t", {"msg": "m"})
+    assert made.line({"localhost": 1, "b": 1}, {}).startswith(
+        "site.yml: 2 of 3 servers converged; not: localhost (mesh: t: m), b (mesh: t: m)"
+    )
+    nodeless = ConvergeSummary("site.yml")
+    nodeless.play("hosts", [], 10.0, fatal=False)
+    nodeless.failed("x", "t", {"msg": "m"})
+    assert nodeless.line({"x": 1}, {}).startswith("site.yml: 0 of 1 servers converged; not: x")

@@ -182,8 +182,10 @@ class ConvergeSummary:
         counted = self.first_failures(failures, unreachable, rescued or {})
         if not counted and self.stopped is None:
             return ""
-        names = {failure.node for failure in counted}
-        total = len(self.nodes) + len([node for node in names if node not in self.nodes])
+        # The servers are the inventory's nodes; a failure of another host (a play on localhost) is named but
+        # not counted as a server. Without the group, the failed hosts are all there is to count.
+        names = {failure.node for failure in counted if failure.node in self.nodes or not self.nodes}
+        total = len(self.nodes) or len(names)
         named = ", ".join(failure.describe() for failure in counted[:NAMED])
         if len(counted) > NAMED:
             named += f", and {len(counted) - NAMED} more (their failures are printed above)"
