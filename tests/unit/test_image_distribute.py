@@ -624,7 +624,7 @@ case "$prev" in
     inflight=$DDP_FAKE_LOG.inflight
     mkdir -p "$inflight"; : > "$inflight/$$"
     ls "$inflight" | wc -l >> "$DDP_FAKE_LOG.counts"
-    sleep 0.2
+    sleep "${DDP_FAKE_HANDSHAKE:-0.2}"
     rm -f "$inflight/$$"
     if [ "$target" = srv-flaky ] && [ "$(grep -cx srv-flaky "$DDP_FAKE_LOG.tries")" = 1 ]; then
       echo "kex_exchange_identification: Connection closed by remote host" >&2; exit 255
@@ -670,8 +670,10 @@ def test_no_more_than_eight_pulls_are_in_their_handshakes_with_the_build_servers
     flaky, wrong = report["servers"]["srv-flaky"], report["servers"]["srv-wrong"]
     assert (flaky["ok"], flaky["attempts"], wrong["attempts"]) == (True, 2, 1)
     assert all(report["servers"][name]["attempts"] == 1 for name in names[:30])
-    # The same pulls without the gate (one as wide as the pulls): the handshakes pile up on the one sshd.
+    # The same pulls without the gate (one as wide as the pulls): the handshakes pile up on the one sshd
+    # (slower ones here, so that a busy machine starts more than 8 of them within one).
     monkeypatch.setattr(dist, "HANDSHAKES_PER_SSHD", 64)
+    monkeypatch.setenv("DDP_FAKE_HANDSHAKE", "2")
     (tmp_path / "ungated").mkdir()
     _, ungated, _ = run_gated_distribution(tmp_path / "ungated", monkeypatch, names[:30])
     assert max(ungated) > 8, ungated

@@ -4,12 +4,14 @@
 # it; nothing of the registry left (its name, its login, the tunnel).
 # Arguments: PULLED (REGISTRY/NAME@sha256:...) IMAGE (NAME:TAG) IMAGE_ID, then, for a registry on the build
 # server, PORT ADDRESS SSH_PORT USER HOST_KEYS (one "TYPE KEY" per line) of the tunnel to it over the cluster's
-# network (the ephemeral key's forward, its host keys pinned).
+# network (the ephemeral key's forward, its host keys pinned), and REMOTE_PORT, the registry's port there when it
+# is not PORT (a tier-1 server's cache).
 # stdin: the registry's login (base64 of USER:PASSWORD; an empty line: this server's own docker login, for the
 # user's registry), then, with a tunnel, its private key. Neither is ever in an argv: node containers on the
 # host network share this server's loopback, not its processes' files.
 set -u
 pulled=$1 image=$2 expected=$3 port=${4:-} address=${5:-} ssh_port=${6:-} user=${7:-} known=${8:-}
+remote_port=${9:-$port}
 registry=${pulled%%/*}
 work=$(mktemp -d /tmp/ddp-pull.XXXXXX) || exit 3
 tunnel=
@@ -37,7 +39,7 @@ if [ -n "$address" ]; then
   set -- -N -i "$work/key" -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes \
     -o UserKnownHostsFile="$work/known_hosts" -o GlobalKnownHostsFile=/dev/null -o HostKeyAlias=ddp-image-build \
     -o StrictHostKeyChecking=yes -o ExitOnForwardFailure=yes -o ConnectTimeout=30 -o ServerAliveInterval=15 \
-    -o ServerAliveCountMax=4 -p "$ssh_port" -L "127.0.0.1:$port:127.0.0.1:$port"
+    -o ServerAliveCountMax=4 -p "$ssh_port" -L "127.0.0.1:$port:127.0.0.1:$remote_port"
   [ -n "$user" ] && set -- "$@" -l "$user"
   # shellcheck disable=SC2029  # -N: no remote command at all
   ssh "$@" "$address" 2> "$work/tunnel.err" &

@@ -7,15 +7,38 @@
 # session's stdin to close and leaves nothing: registry stopped, key deauthorized, work directory (password,
 # login) removed (also on a signal or a lost session).
 # Arguments: PORT STORAGE IMAGE REFERENCE REGISTRY_COMMAND PUBLIC_KEY KEY_COMMENT
+#
+# With `proxy` first, a tier-1 server of a two-tier distribution: its registry is a pull-through cache of the
+# build server's (Distribution's proxy.remoteurl, reached through this server's own tunnel to the build server, the
+# same password both ways); this server pulls the image through it (so the build server sends it once, here), then
+# the key is authorized for a forward to the cache's port, and the servers assigned here pull from the cache.
+# Arguments: proxy PORT STORAGE PULLED IMAGE IMAGE_ID REGISTRY_COMMAND PUBLIC_KEY KEY_COMMENT UP_PORT ADDRESS
+# SSH_PORT USER HOST_KEYS: the cache on PORT, PULLED its REGISTRY/NAME@DIGEST, the tunnel to the build server
+# as pull-image.sh opens it (UP_PORT on both loopbacks). stdin: the password, the tunnel's private key, then
+# nothing until the end. It says `tunnel: up` once the tunnel answers, then pulled:, image_id:, hostkey: and
+# ready, or error:.
 set -u
-port=$1 storage=$2 image=$3 reference=$4 command=$5 key=$6 comment=$7
+proxy=
+if [ "$1" = proxy ]; then
+  shift
+  proxy=yes port=$1 storage=$2 pulled=$3 image=$4 expected=$5 command=$6 key=$7 comment=$8
+  up=$9 address=${10} ssh_port=${11} user=${12} known=${13}
+  reference=$pulled
+else
+  port=$1 storage=$2 image=$3 reference=$4 command=$5 key=$6 comment=$7
+fi
 keys=$HOME/.ssh/authorized_keys
+here="build server"
+[ -n "$proxy" ] && here="tier-1 server (a cache of the build server's registry)"
 work=$(mktemp -d /tmp/ddp-registry.XXXXXX) || exit 3
-registry=
+registry= tunnel=
 cleanup() {
   [ -n "$registry" ] && kill "$registry" 2>/dev/null && wait "$registry" 2>/dev/null
+  [ -n "$tunnel" ] && kill "$tunnel" 2>/dev/null
   [ -f "$keys" ] && sed -i "/ $comment\$/d" "$keys"
   docker rmi "$reference" >/dev/null 2>&1
+  # A cache holds nothing worth keeping: its store goes with it.
+  [ -n "$proxy" ] && rm -rf "$storage"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -30,12 +53,37 @@ except urllib.error.HTTPError:
 say() { printf '%s\n' "$*"; }
 umask 077
 IFS= read -r secret || { say "error: the controller's session ended before it sent the registry's password"; exit 3; }
+if [ -n "$proxy" ]; then
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >> "$work/key"
+    case $line in "-----END "*) break ;; esac
+  done
+  printf '%s\n' "$known" | sed 's/^/ddp-image-build /' > "$work/known_hosts"
+  set -- -N -i "$work/key" -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes \
+    -o UserKnownHostsFile="$work/known_hosts" -o GlobalKnownHostsFile=/dev/null -o HostKeyAlias=ddp-image-build \
+    -o StrictHostKeyChecking=yes -o ExitOnForwardFailure=yes -o ConnectTimeout=30 -o ServerAliveInterval=15 \
+    -o ServerAliveCountMax=4 -p "$ssh_port" -L "127.0.0.1:$up:127.0.0.1:$up"
+  [ -n "$user" ] && set -- "$@" -l "$user"
+  # shellcheck disable=SC2029  # -N: no remote command at all
+  ssh "$@" "$address" 2> "$work/tunnel.err" < /dev/null &
+  tunnel=$!
+  tries=0
+  until answers "$up"; do
+    tries=$((tries + 1))
+    if ! kill -0 "$tunnel" 2>/dev/null || [ "$tries" -gt 150 ]; then
+      say "tunnel: $(tail -n 3 "$work/tunnel.err" | tr '\n' ' ')"
+      exit 4
+    fi
+    sleep 0.2
+  done
+  say "tunnel: up"
+fi
 found=$(command -v "$command" || command -v docker-registry || command -v registry) || {
-  say "error: Docker's Distribution registry ($command) is not installed on this build server: the hosts stage installs it (apt-get install docker-registry), or install it by hand"
+  say "error: Docker's Distribution registry ($command) is not installed on this $here: the hosts stage installs it (apt-get install docker-registry), or install it by hand"
   exit 3
 }
 if python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then :; else
-  say "error: port $port on the build server's loopback is taken, so the image registry cannot start there: set cluster_registry_port to a free port"
+  say "error: port $port on the $here's loopback is taken, so the image registry cannot start there: set cluster_registry_port to a free port"
   exit 3
 fi
 # Distribution's htpasswd takes bcrypt only: this server's libcrypt makes it (the password on stdin, not in
@@ -50,7 +98,7 @@ hashed = lib.crypt(sys.stdin.read().encode(), ("$2b$04$" + salt).encode()) or b"
 if not hashed.startswith(b"$2b$04$") or len(hashed) != 60:
     sys.exit(1)
 print("ddp-cluster:" + hashed.decode())' > "$work/htpasswd" 2>/dev/null || {
-  say "error: cannot make the image registry's password on the build server: its libcrypt has no bcrypt (install libxcrypt: libcrypt1 on Debian and Ubuntu)"
+  say "error: cannot make the image registry's password on the $here: its libcrypt has no bcrypt (install libxcrypt: libcrypt1 on Debian and Ubuntu)"
   exit 3
 }
 mkdir "$work/docker"
@@ -59,26 +107,47 @@ printf '{"auths": {"127.0.0.1:%s": {"auth": "%s"}}}\n' "$port" "$(printf 'ddp-cl
 mkdir -p "$storage" && chmod 0700 "$storage"
 printf 'version: 0.1\nlog:\n  level: info\n  formatter: text\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%s\n  headers:\n    X-Content-Type-Options: [nosniff]\nauth:\n  htpasswd:\n    realm: ddp-cluster-image\n    path: %s\n' \
   "$storage" "$port" "$work/htpasswd" > "$work/config.yml"
+# The cache logs in to the build server's registry with the same password (a 0600 file in the 0700 work directory).
+[ -n "$proxy" ] && printf 'proxy:\n  remoteurl: http://127.0.0.1:%s\n  username: ddp-cluster\n  password: %s\n' "$up" "$secret" \
+  >> "$work/config.yml"
 "$found" serve "$work/config.yml" > "$work/registry.log" 2>&1 </dev/null &
 registry=$!
 tries=0
 until answers "$port"; do
   tries=$((tries + 1))
   if ! kill -0 "$registry" 2>/dev/null || [ "$tries" -gt 150 ]; then
-    say "error: the image registry did not start on the build server: $(tail -n 3 "$work/registry.log" | tr '\n' ' ')"
+    say "error: the image registry did not start on the $here: $(tail -n 3 "$work/registry.log" | tr '\n' ' ')"
     exit 3
   fi
   sleep 0.2
 done
-docker tag "$image" "$reference" || { say "error: cannot tag $image as $reference on the build server"; exit 3; }
-DOCKER_CONFIG=$work/docker docker push "$reference" > "$work/push.log" 2>&1 || {
-  say "error: the push of $reference on the build server failed: $(tail -n 2 "$work/push.log" | tr '\n' ' ')"
-  exit 3
-}
-say "pushed: $(grep -c ': Pushed$' "$work/push.log")"
-# The others pull by this digest and check that they got this ID.
-say "digest: $(sed -n 's/^[^ ]*: digest: \(sha256:[0-9a-f]*\) size: [0-9]*$/\1/p' "$work/push.log" | tail -n 1)"
-say "image_id: $(docker image inspect --format '{{.Id}}' "$image")"
+if [ -n "$proxy" ]; then
+  # This server's own copy, through its cache: the build server sends each layer once, to the cache.
+  DOCKER_CONFIG=$work/docker docker pull "$pulled" > "$work/pull.log" 2>&1 || {
+    say "error: the pull of $pulled through this server's cache failed: $(tail -n 2 "$work/pull.log" | tr '\n' ' ')"
+    exit 1
+  }
+  cat "$work/pull.log"
+  got=$(docker image inspect --format '{{.Id}}' "$pulled") || exit 3
+  if [ "$got" != "$expected" ]; then
+    docker rmi "$pulled" >/dev/null 2>&1
+    say "error: the image pulled by digest ($pulled) has the ID $got, not $expected, the ID of the image built ($image): the registry served another image; it was removed again and nothing was named $image"
+    exit 5
+  fi
+  docker tag "$got" "$image" && docker rmi "$pulled" >/dev/null || exit 3
+  say "pulled: $pulled"
+  say "image_id: $got"
+else
+  docker tag "$image" "$reference" || { say "error: cannot tag $image as $reference on the build server"; exit 3; }
+  DOCKER_CONFIG=$work/docker docker push "$reference" > "$work/push.log" 2>&1 || {
+    say "error: the push of $reference on the build server failed: $(tail -n 2 "$work/push.log" | tr '\n' ' ')"
+    exit 3
+  }
+  say "pushed: $(grep -c ': Pushed$' "$work/push.log")"
+  # The others pull by this digest and check that they got this ID.
+  say "digest: $(sed -n 's/^[^ ]*: digest: \(sha256:[0-9a-f]*\) size: [0-9]*$/\1/p' "$work/push.log" | tail -n 1)"
+  say "image_id: $(docker image inspect --format '{{.Id}}' "$image")"
+fi
 mkdir -p "$HOME/.ssh" && chmod 0700 "$HOME/.ssh"
 sed -i "/ ddp-cluster-image-[0-9a-f]*\$/d" "$keys" 2>/dev/null
 printf 'restrict,port-forwarding,permitopen="127.0.0.1:%s",command="/bin/false" %s\n' "$port" "$key" >> "$keys"

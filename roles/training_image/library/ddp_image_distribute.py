@@ -82,6 +82,19 @@ options:
   source:
     description: The build server holding the image (C(name), C(ssh) as in C(servers)); empty, the controller.
     type: dict
+  tiers:
+    description:
+      - With C(source), how the servers that lack the image get it. C(1), every one from the source.
+        C(2), ceil(sqrt(L)) tier-1 servers (the first of each group of neighbours in the given order) from the
+        source, each of which then runs Distribution as a pull-through cache of the source's registry
+        (proxy.remoteurl, through its own tunnel to the source; the source sends each layer once per tier-1
+        server) on its loopback's port + 1 for the rest of its group, which pull through a tunnel to its sshd
+        (at most 8 in their handshakes with it at a time). A tier-1 server that cannot serve sends its group
+        to the source, as does a pull through it that failed. C(auto), 2 when more than 64 servers lack the
+        image.
+    type: str
+    choices: [auto, "1", "2"]
+    default: "1"
   source_address:
     description: The source's address as the other servers reach it (default the last word of its C(ssh)).
     type: str
@@ -128,9 +141,18 @@ failed_servers:
   returned: always
 bytes_served:
   description: Bytes of layers and manifests the controller's registry sent to the servers (0 for a user
-    registry).
+    registry), or the build server's registry, to the servers and the tier-1 caches.
   type: int
   returned: always
+tiers:
+  description: In two tiers, per tier-1 server, ok, error (why it could not serve) and served (the servers
+    that pulled through it); each server's C(via) in C(servers) names where it pulled from.
+  type: dict
+  returned: in two tiers
+tier1_bytes_served:
+  description: In two tiers, the bytes the tier-1 servers' caches sent (to themselves and their groups).
+  type: int
+  returned: in two tiers
 """
 
 from typing import TYPE_CHECKING  # noqa: E402  (Ansible modules put DOCUMENTATION first)
@@ -155,6 +177,7 @@ def main() -> None:
             "parallel": {"type": "int", "default": 64},
             "timeout": {"type": "int", "default": 1800},
             "source": {"type": "dict"},
+            "tiers": {"type": "str", "choices": ["auto", "1", "2"], "default": "1"},
             "source_address": {"type": "str", "default": ""},
             "source_script": {"type": "str", "default": ""},
             "receiver_script": {"type": "str", "default": ""},

@@ -38,6 +38,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import math
 import os
 import random
 import re
@@ -52,8 +53,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -96,6 +97,9 @@ NOT_PASSING = re.compile(
     r"Permission denied|Host key verification failed|IDENTIFICATION HAS CHANGED|Could not resolve hostname",
     re.IGNORECASE,
 )
+# training_image_pull_tiers: auto pulls in two tiers above this many servers lacking the image (below it, one
+# round of gated pulls from the build server takes about as long as the tier-1 round alone).
+TIERS_ABOVE = 64
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
                "-o", "ServerAliveCountMax=4")  # fmt: skip
 
@@ -641,6 +645,220 @@ def _source_ready(
             return "\n".join(hostkeys)
 
 
+def tier_count(lacking: int, tiers: str) -> int:
+    """1 or 2 (training_image_pull_tiers: auto, 1 or 2) for ``lacking`` servers to pull."""
+    if tiers == "auto":
+        return 2 if lacking > TIERS_ABOVE else 1
+    if tiers in ("1", "2"):
+        return int(tiers)
+    raise DistributionError(f"training_image_pull_tiers is {tiers!r}: set it to auto, 1 or 2")
+
+
+def plan_tiers(names: Sequence[str], tiers: str) -> dict[str, list[str]]:
+    """Two tiers: ceil(sqrt(L)) groups of neighbours in ``names``' order (the inventory's: often a rack's),
+    the first of each a tier-1 server, which pulls from the source and then serves the rest of its group;
+    each tier-1 server with its group's others. One tier: {} (every server pulls from the source)."""
+    count = len(names)
+    if count < 2 or tier_count(count, tiers) == 1:
+        return {}
+    groups = math.isqrt(count - 1) + 1
+    plan: dict[str, list[str]] = {}
+    for index in range(groups):
+        group = list(names[index * count // groups : (index + 1) * count // groups])
+        if group:
+            plan[group[0]] = group[1:]
+    return plan
+
+
+Puller = Callable[[dict[str, Any]], dict[str, Any]]
+# A tier-1 server opened: its own pull's result and how a server pulls through it (None: it cannot serve).
+TierOpener = Callable[
+    [dict[str, Any]], "contextlib.AbstractContextManager[tuple[dict[str, Any], Puller | None]]"
+]
+
+
+def pull_in_tiers(
+    servers: list[dict[str, Any]],
+    plan: Mapping[str, list[str]],
+    parallel: int,
+    from_source: Puller,
+    open_tier: TierOpener,
+) -> dict[str, Any]:
+    """Every tier-1 server of ``plan`` opened at once (``open_tier``: it pulls from the source, then serves),
+    then its group pulled through it, ``parallel`` pulls at a time in all. A tier-1 server that cannot serve:
+    it and its group pull from the source; a server whose pull through its tier-1 failed (not for a wrong
+    image) pulls from the source. The report's servers (each with ``via``), failed_servers and tiers (per
+    tier-1 server: ok, error, the servers it served)."""
+    by_name = {server["name"]: server for server in servers}
+    tiers: dict[str, dict[str, Any]] = {}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(servers)))) as pool:
+
+        def pulled(futures: Mapping[str, Future[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+            return {name: future.result() for name, future in futures.items()}
+
+        def tier(first: str) -> dict[str, dict[str, Any]]:
+            group = plan[first]
+            with open_tier(by_name[first]) as (own, through):
+                tiers[first] = {
+                    "ok": through is not None,
+                    "error": "" if through else own["error"],
+                    "served": [],
+                }
+                if through is None:
+                    fallback = pulled(
+                        {name: pool.submit(from_source, by_name[name]) for name in [first, *group]}
+                    )
+                    return fallback
+                results = {
+                    first: own,
+                    **pulled({name: pool.submit(through, by_name[name]) for name in group}),
+                }
+                retry = [
+                    name for name in group if not results[name]["ok"] and results[name]["rc"] != WRONG_IMAGE
+                ]
+                tiers[first]["served"] = [name for name in group if name not in retry and results[name]["ok"]]
+                results.update(pulled({name: pool.submit(from_source, by_name[name]) for name in retry}))
+                return results
+
+        with ThreadPoolExecutor(max_workers=len(plan)) as openers:
+            done: dict[str, dict[str, Any]] = {}
+            for future in [openers.submit(tier, first) for first in plan]:
+                done.update(future.result())
+    results = {server["name"]: done[server["name"]] for server in servers}
+    return {
+        "servers": results,
+        "failed_servers": [name for name, result in results.items() if not result["ok"]],
+        "tiers": tiers,
+    }
+
+
+class TierCache:
+    """Tier-1 servers' sessions (the role's files/registry-source.sh in proxy mode): each opens its tunnel to
+    the source (holding the source's gate until it says it is up), runs Distribution as a pull-through cache
+    of the source's registry on its loopback's port + 1, pulls the image through it, authorizes the run's
+    key for a forward to it and says its host keys; its group then pulls through a tunnel to its sshd (a gate
+    of its own). Closing the session's stdin stops it all and removes the cache."""
+
+    def __init__(
+        self,
+        params: Mapping[str, Any],
+        pulled: str,
+        image_id: str,
+        upstream: tuple[str, ...],
+        stdin: str,
+        public: str,
+        comment: str,
+        source_gate: threading.Semaphore,
+        receiver: Callable[[str, tuple[str, ...], threading.Semaphore], Puller],
+    ) -> None:
+        self.params, self.upstream, self.stdin, self.source_gate = params, upstream, stdin, source_gate
+        self.image_id, self.public, self.comment, self.receiver = image_id, public, comment, receiver
+        self.port = int(params["port"]) + 1
+        # The image through the tier-1 server's own cache: REGISTRY/NAME@DIGEST with the cache's port.
+        self.pulled = pulled.replace(f"127.0.0.1:{params['port']}/", f"127.0.0.1:{self.port}/", 1)
+        self.bytes_served = 0
+        self.lock = threading.Lock()
+
+    def argv(self, server: dict[str, Any]) -> list[str]:
+        *client, target = [str(word) for word in server["ssh"]]
+        params = self.params
+        script = [
+            "sh", "-c", params["source_script"], "ddp-registry", "proxy", str(self.port),
+            f"{params['storage']}-cache", self.pulled, params["image"], self.image_id,
+            params["registry_command"], self.public, self.comment, *self.upstream,
+        ]  # fmt: skip
+        return [*client, *SSH_OPTIONS, target, shlex.join(script)]
+
+    @contextlib.contextmanager
+    def open(self, server: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Puller | None]]:
+        timeout, name = int(self.params["timeout"]), server["name"]
+        released = threading.Event()
+
+        def release() -> None:
+            if not released.is_set():
+                released.set()
+                self.source_gate.release()
+
+        self.source_gate.acquire()
+        begun = time.monotonic()
+        try:
+            session = subprocess.Popen(
+                self.argv(server), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                bufsize=0, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        except BaseException:
+            release()
+            raise
+        assert session.stdin is not None and session.stdout is not None
+        lines = SessionLines(session.stdout.fileno())
+        said: list[str] = []
+        try:
+            with contextlib.suppress(OSError):
+                session.stdin.write(self.stdin.encode())
+                session.stdin.flush()
+            deadline = time.monotonic() + timeout
+            while True:
+                line = lines.next(deadline)
+                if line is None or line == "ready" or line.startswith("error: "):
+                    break
+                said.append(line)
+                if line == TUNNEL_UP:
+                    release()
+            release()
+            hostkeys = [line[len("hostkey: ") :] for line in said if line.startswith("hostkey: ")]
+            if line == "ready":
+                own = pull_result(subprocess.CompletedProcess([], 0, "\n".join(said), ""), begun, timeout, "")
+                address, ssh_port, user = split_ssh([str(word) for word in server["ssh"]])
+                tunnel = (
+                    str(self.params["port"]),
+                    address,
+                    ssh_port,
+                    user,
+                    "\n".join(hostkeys),
+                    str(self.port),
+                )
+                through: Puller | None = self.receiver(
+                    name, tunnel, threading.BoundedSemaphore(HANDSHAKES_PER_SSHD)
+                )
+                yield dict(own, attempts=1, via=self.params["source"]["name"]), through
+            else:
+                said += [line] if line else []
+                reason = (
+                    (line or "")[len("error: ") :]
+                    if line and line.startswith("error: ")
+                    else _tail("\n".join(said))
+                )
+                if line is None and time.monotonic() >= deadline:
+                    reason = f"no answer within {timeout} s (training_image_pull_timeout)"
+                yield (
+                    {
+                        "ok": False,
+                        "error": f"the tier-1 server {name} cannot serve: {reason or 'its session ended'}",
+                    },
+                    None,
+                )
+        finally:
+            release()
+            with contextlib.suppress(OSError):
+                session.stdin.close()
+            rest: list[str] = []
+            end = time.monotonic() + 60
+            while True:
+                line = lines.next(end)
+                if line is None:
+                    break
+                rest.append(line)
+            if session.poll() is None:
+                session.kill()
+            session.wait()
+            session.stdout.close()
+            with self.lock:
+                self.bytes_served += sum(
+                    int(line.split()[-1]) for line in rest if re.fullmatch(r"served: \d+", line)
+                )
+
+
 def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
     """The image is on the source server's engine: the registry runs there, every other server pulls over the
     cluster's network through a tunnel to it. One ssh session to the source, as long as the call, holds the
@@ -672,26 +890,40 @@ def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
                 session.stdin.write(f"{password}\n".encode())
                 session.stdin.flush()
             known = _source_ready(lines, session.kill, source["name"], timeout, report, started)
-            command = pull_command(
-                params["receiver_script"], digest_reference(reference, report["digest"]), image,
-                report["image_id"], (str(port), address, ssh_port, user, known),
-            )  # fmt: skip
+            pulled = digest_reference(reference, report["digest"])
             stdin = pull_input(registry_auth(password), private)
 
-            gate = threading.BoundedSemaphore(HANDSHAKES_PER_SSHD)  # the source's sshd
+            def receiver(via: str, tunnel: tuple[str, ...], gate: threading.Semaphore) -> Puller:
+                """A server's pull through a tunnel to ``via``'s sshd (``gate``: its handshakes)."""
+                command = pull_command(params["receiver_script"], pulled, image, report["image_id"], tunnel)
 
-            def receive(server: dict[str, Any]) -> dict[str, Any]:
-                argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
+                def receive(server: dict[str, Any]) -> dict[str, Any]:
+                    argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
 
-                def attempt() -> tuple[dict[str, Any], bool]:
-                    begun = time.monotonic()
-                    done = run_gated(argv, timeout, stdin, gate)
-                    error = receiver_error(done.returncode, done.stdout, source["name"], port)
-                    return pull_result(done, begun, timeout, error), passing(done.returncode, done.stdout)
+                    def attempt() -> tuple[dict[str, Any], bool]:
+                        begun = time.monotonic()
+                        done = run_gated(argv, timeout, stdin, gate)
+                        error = receiver_error(done.returncode, done.stdout, via, port)
+                        return pull_result(done, begun, timeout, error), passing(done.returncode, done.stdout)
 
-                return with_retries(attempt)
+                    return dict(with_retries(attempt), via=via)
 
-            report.update(pull_everywhere(params["servers"], params["parallel"], receive))
+                return receive
+
+            source_gate = threading.BoundedSemaphore(HANDSHAKES_PER_SSHD)
+            from_source = receiver(
+                source["name"], (str(port), address, ssh_port, user, known), source_gate
+            )  # fmt: skip
+            servers = params["servers"]
+            plan = plan_tiers([server["name"] for server in servers], str(params.get("tiers") or "1"))
+            if plan:
+                upstream = (str(port), address, ssh_port, user, known)
+                cache = TierCache(params, pulled, report["image_id"], upstream, f"{password}\n{private}",
+                                  public, comment, source_gate, receiver)  # fmt: skip
+                report.update(pull_in_tiers(servers, plan, params["parallel"], from_source, cache.open))
+                report["tier1_bytes_served"] = cache.bytes_served
+            else:
+                report.update(pull_everywhere(servers, params["parallel"], from_source))
         finally:
             with contextlib.suppress(OSError):
                 session.stdin.close()  # the source's session ends: registry stopped, key deauthorized
