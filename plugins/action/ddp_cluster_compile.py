@@ -54,15 +54,19 @@ class ActionModule(ActionBase):
         settings = compiled.NpuSettings.of(npu, value)
         hostvars = variables["hostvars"]
         manager = hostvars._variable_manager  # what this run set on a node is not the inventory's say
-        raw = compiled.read_nodes(
-            nodes,
-            hostvars.raw_get,
-            lambda node, name: hostvars[node][name],
-            lambda node: {
+
+        def run_set(node: str) -> set[str]:
+            try:
+                facts = manager._fact_cache.get(node)
+            except KeyError:
+                facts = {}
+            return {
                 *manager._nonpersistent_fact_cache.get(node, {}),
-                *manager._fact_cache.get(node, {}),
-            },
-        )
+                *facts,
+                *(f"ansible_{k}" for k in facts),
+            }
+
+        raw = compiled.read_nodes(nodes, hostvars.raw_get, lambda node, name: hostvars[node][name], run_set)
         try:
             done = compiled.compile_cluster(
                 raw,

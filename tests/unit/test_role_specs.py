@@ -123,3 +123,67 @@ def test_a_setting_taken_from_a_cluster_setting_says_so_and_states_no_other_defa
                 f"{role.name}: {name} takes {used[0]}'s value, not {spec['default']!r}"
             )
             assert any(setting in str(spec["description"]) for setting in used), f"{role.name}: {name}"
+
+
+# Each place a role reads other hosts' variables, and why that is not a scan of every host per host: a
+# fallback for a role run alone (site.yml compiles the cluster first: the fact ddp_cluster, read instead), or
+# a task run once for the play (O(N) once). A new scan of every host per host fails here: read the compiled
+# cluster instead (python/src/ddp_cluster/inventory/compiled.py).
+FALLBACK, ONCE = "fallback when ddp_cluster is not defined", "run_once: once for the play"
+HOSTVARS_READS = {
+    (
+        "roles/cluster_host/defaults/main.yml",
+        "hostvars | ddp_node_addresses(ansible_play_hosts_all)",
+    ): FALLBACK,
+    ("roles/node_container/tasks/run.yml", "hostvars | ddp_node_addresses(ansible_play_hosts_all)"): FALLBACK,
+    ("roles/ssh_mesh/defaults/main.yml", "hostvars | ddp_node_addresses(ssh_mesh_nodes)"): FALLBACK,
+    ("roles/ssh_mesh/templates/known_hosts.j2", "hostvars[node]"): FALLBACK,
+    ("roles/ssh_mesh/vars/main.yml", "map('extract', hostvars"): ONCE,  # verify.yml's set_fact
+    ("roles/hccn_network/vars/main.yml", "hostvars | ddp_npu_plan(groups[hccn_network_group],"): FALLBACK,
+    (
+        "roles/hccn_network/tasks/preflight.yml",
+        "hostvars | ddp_npu_plan_check(groups[hccn_network_group] | default([])",
+    ): FALLBACK,
+    ("roles/hccn_network/tasks/tls.yml", "map('extract', hostvars"): ONCE,
+    ("roles/cluster_preflight/tasks/npu.yml", "hostvars | ddp_npu_plan_check(groups['nodes'],"): FALLBACK,
+    ("roles/cluster_preflight/tasks/settings.yml", "map('extract', hostvars"): ONCE,
+    ("roles/training_image/tasks/distribute.yml", "hostvars[host]"): ONCE,
+    (
+        "roles/training_image/tasks/distribute.yml",
+        "hostvars | ddp_ssh_targets(_training_image_lacking)",
+    ): ONCE,
+    (
+        "roles/training_image/tasks/distribute.yml",
+        "hostvars | ddp_ssh_targets([_training_image_build_host])",
+    ): ONCE,
+    ("roles/training_image/tasks/distribute.yml", "hostvars[_training_image_build_host]"): ONCE,
+    ("roles/training_image/tasks/base.yml", "map('extract', hostvars"): ONCE,
+    ("roles/training_image/tasks/preflight.yml", "map('extract', hostvars"): ONCE,
+    ("roles/training_image/tasks/builder.yml", "map('extract', hostvars"): ONCE,
+    (
+        "roles/ddp_job/tasks/plan.yml",
+        "hostvars | ddp_npu_plan(groups['nodes'],",
+    ): "train.yml's plan, on localhost",
+    ("roles/ddp_job/vars/main.yml", "hostvars[_ddp_job_planned.first]"): "one host: the job's first node",
+    ("roles/ddp_job/vars/main.yml", "hostvars[_ddp_job_first_wait.moved]"): "one host: the job's first node",
+}
+HOSTVARS_READ = re.compile(
+    r"hostvars\s*\|\s*\w+\((?!\[inventory_hostname\])[^,)]*[,)]?|hostvars\[(?!inventory_hostname\]|'localhost'\])[^\]]*\]"
+    r"|map\('extract',\s*hostvars"
+)
+
+
+def test_no_role_reads_every_hosts_variables_per_host() -> None:
+    """Per host, a role reads only its own host's variables (hostvars[inventory_hostname], a filter over
+    [inventory_hostname]); the cluster-wide data comes from the compiled cluster (the fact ddp_cluster)."""
+    found = set()
+    for path in sorted((REPO / "roles").rglob("*")):
+        if path.is_file() and path.suffix in (".yml", ".j2") and "molecule" not in path.parts:
+            text = path.read_text()
+            for match in HOSTVARS_READ.finditer(text):
+                key = (str(path.relative_to(REPO)), match.group(0))
+                assert key in HOSTVARS_READS, f"{key}: a read of other hosts' variables per host"
+                if HOSTVARS_READS[key] == FALLBACK:
+                    assert "ddp_cluster is defined" in text or "_compiled" in text, key
+                found.add(key)
+    assert found, "the pattern finds nothing: it is broken"
