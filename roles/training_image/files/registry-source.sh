@@ -9,9 +9,13 @@
 # Arguments: PORT STORAGE IMAGE REFERENCE REGISTRY_COMMAND PUBLIC_KEY KEY_COMMENT
 #
 # With `proxy` first, a tier-1 server of a two-tier distribution: its registry is a pull-through cache of the
-# build server's (Distribution's proxy.remoteurl, reached through this server's own tunnel to the build server, the
-# same password both ways); this server pulls the image through it (so the build server sends it once, here), then
-# the key is authorized for a forward to the cache's port, and the servers assigned here pull from the cache.
+# build server's (Distribution's proxy.remoteurl), reached through this server's own tunnel to the build server;
+# this server pulls the image through it (the build server sends each layer here, not to every server), then the
+# key is authorized for a forward to the cache's port, and the servers assigned here pull from the cache. The
+# cache takes the same password as the build server's registry; Distribution 2.8 logs in upstream only to token
+# servers, so it reaches the build server's registry (basic logins) through a relay on PORT + 1 that it uses as
+# its HTTP proxy: the relay takes only requests that carry the run's password as their proxy login and adds it
+# as their login upstream (GET and HEAD only), so that nothing on this loopback reaches either without it.
 # Arguments: proxy PORT STORAGE PULLED IMAGE IMAGE_ID REGISTRY_COMMAND PUBLIC_KEY KEY_COMMENT UP_PORT ADDRESS
 # SSH_PORT USER HOST_KEYS: the cache on PORT, PULLED its REGISTRY/NAME@DIGEST, the tunnel to the build server
 # as pull-image.sh opens it (UP_PORT on both loopbacks). stdin: the password, the tunnel's private key, then
@@ -31,9 +35,10 @@ keys=$HOME/.ssh/authorized_keys
 here="build server"
 [ -n "$proxy" ] && here="tier-1 server (a cache of the build server's registry)"
 work=$(mktemp -d /tmp/ddp-registry.XXXXXX) || exit 3
-registry= tunnel=
+registry= tunnel= relay=
 cleanup() {
   [ -n "$registry" ] && kill "$registry" 2>/dev/null && wait "$registry" 2>/dev/null
+  [ -n "$relay" ] && kill "$relay" 2>/dev/null
   [ -n "$tunnel" ] && kill "$tunnel" 2>/dev/null
   [ -f "$keys" ] && sed -i "/ $comment\$/d" "$keys"
   docker rmi "$reference" >/dev/null 2>&1
@@ -77,6 +82,69 @@ if [ -n "$proxy" ]; then
     sleep 0.2
   done
   say "tunnel: up"
+  relay_port=$((port + 1))
+  # The relay (see the header): stdlib only, the password on its stdin.
+  printf '%s\n' "$secret" | python3 -c '
+import base64, http.client, http.server, socketserver, sys
+port, upstream = int(sys.argv[1]), int(sys.argv[2])
+login = "Basic " + base64.b64encode(("ddp-cluster:" + sys.stdin.readline().rstrip("\n")).encode()).decode()
+dropped = {"connection", "proxy-connection", "keep-alive", "proxy-authorization", "proxy-authenticate", "te",
+           "trailer", "transfer-encoding", "upgrade", "host", "authorization"}
+
+
+class Relay(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def relay(self):
+        self.close_connection = True
+        if self.headers.get("Proxy-Authorization") != login:
+            self.send_response(407)
+            self.send_header("Proxy-Authenticate", "Basic realm=\"ddp-cluster-image\"")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path = self.path.split("://", 1)[-1]
+        path = "/" + path.split("/", 1)[1] if "/" in path else "/"
+        headers = {key: value for key, value in self.headers.items() if key.lower() not in dropped}
+        headers["Authorization"] = login
+        upstream_connection = http.client.HTTPConnection("127.0.0.1", upstream, timeout=300)
+        upstream_connection.request(self.command, path, headers=headers)
+        answer = upstream_connection.getresponse()
+        self.send_response(answer.status)
+        for key, value in answer.getheaders():
+            if key.lower() not in dropped:
+                self.send_header(key, value)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        while self.command != "HEAD":
+            chunk = answer.read(1 << 20)
+            if not chunk:
+                break
+            self.wfile.write(chunk)
+        upstream_connection.close()
+
+    do_GET = do_HEAD = relay
+
+
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+
+Server(("127.0.0.1", port), Relay).serve_forever()
+' "$relay_port" "$up" > "$work/relay.log" 2>&1 &
+  relay=$!
+  tries=0
+  until answers "$relay_port"; do
+    tries=$((tries + 1))
+    if ! kill -0 "$relay" 2>/dev/null || [ "$tries" -gt 150 ]; then
+      say "error: the relay to the build server's registry did not start on port $relay_port: $(tail -n 3 "$work/relay.log" | tr '\n' ' ')"
+      exit 3
+    fi
+    sleep 0.2
+  done
 fi
 found=$(command -v "$command" || command -v docker-registry || command -v registry) || {
   say "error: Docker's Distribution registry ($command) is not installed on this $here: the hosts stage installs it (apt-get install docker-registry), or install it by hand"
@@ -107,10 +175,19 @@ printf '{"auths": {"127.0.0.1:%s": {"auth": "%s"}}}\n' "$port" "$(printf 'ddp-cl
 mkdir -p "$storage" && chmod 0700 "$storage"
 printf 'version: 0.1\nlog:\n  level: info\n  formatter: text\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%s\n  headers:\n    X-Content-Type-Options: [nosniff]\nauth:\n  htpasswd:\n    realm: ddp-cluster-image\n    path: %s\n' \
   "$storage" "$port" "$work/htpasswd" > "$work/config.yml"
-# The cache logs in to the build server's registry with the same password (a 0600 file in the 0700 work directory).
-[ -n "$proxy" ] && printf 'proxy:\n  remoteurl: http://127.0.0.1:%s\n  username: ddp-cluster\n  password: %s\n' "$up" "$secret" \
-  >> "$work/config.yml"
-"$found" serve "$work/config.yml" > "$work/registry.log" 2>&1 </dev/null &
+if [ -n "$proxy" ]; then
+  # A name, not a loopback address: Go's HTTP client sends no loopback address through a proxy.
+  printf 'proxy:\n  remoteurl: http://ddp-image-source\n' >> "$work/config.yml"
+  # Its login in its environment, never in an argv.
+  (
+    unset NO_PROXY no_proxy
+    HTTP_PROXY="http://ddp-cluster:$secret@127.0.0.1:$relay_port"
+    export HTTP_PROXY
+    exec "$found" serve "$work/config.yml"
+  ) > "$work/registry.log" 2>&1 </dev/null &
+else
+  "$found" serve "$work/config.yml" > "$work/registry.log" 2>&1 </dev/null &
+fi
 registry=$!
 tries=0
 until answers "$port"; do

@@ -87,11 +87,11 @@ options:
       - With C(source), how the servers that lack the image get it. C(1), every one from the source.
         C(2), ceil(sqrt(L)) tier-1 servers (the first of each group of neighbours in the given order) from the
         source, each of which then runs Distribution as a pull-through cache of the source's registry
-        (proxy.remoteurl, through its own tunnel to the source; the source sends each layer once per tier-1
-        server) on its loopback's port + 1 for the rest of its group, which pull through a tunnel to its sshd
-        (at most 8 in their handshakes with it at a time). A tier-1 server that cannot serve sends its group
-        to the source, as does a pull through it that failed. C(auto), 2 when more than 64 servers lack the
-        image.
+        (proxy.remoteurl, through its own tunnel to the source and a relay that logs it in; the source sends
+        each layer about twice per tier-1 server) on its loopback's port + 1 for the rest of its group, which
+        pull through a tunnel to its sshd (at most 8 in their handshakes with it at a time). A tier-1 server
+        that cannot serve sends its group to the source, as does a pull through it that failed. C(auto), 2
+        when more than 64 servers lack the image.
     type: str
     choices: [auto, "1", "2"]
     default: "1"

@@ -736,8 +736,9 @@ def pull_in_tiers(
 class TierCache:
     """Tier-1 servers' sessions (the role's files/registry-source.sh in proxy mode): each opens its tunnel to
     the source (holding the source's gate until it says it is up), runs Distribution as a pull-through cache
-    of the source's registry on its loopback's port + 1, pulls the image through it, authorizes the run's
-    key for a forward to it and says its host keys; its group then pulls through a tunnel to its sshd (a gate
+    of the source's registry on its loopback's port + 1 (reaching the source through a relay on port + 2 that
+    logs it in), pulls the image through it, authorizes the run's key for a forward to it and says its host
+    keys; its group then pulls through a tunnel to its sshd (a gate
     of its own). Closing the session's stdin stops it all and removes the cache."""
 
     def __init__(
