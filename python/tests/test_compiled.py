@@ -177,7 +177,7 @@ def test_read_nodes_reads_once_and_templates_only_what_holds_a_template() -> Non
         "ddp_node_changed": True,
         "registered": {"rc": 0},
         "cluster_name": "c",
-        "group_names": ["nodes"],
+        "group_names": ["nodes", "ddp_converge_mesh"],
     }
     raw = {"n0": variables}
     counting = Counting(raw)
@@ -209,7 +209,10 @@ def test_somaxconn_grows_with_the_ranks_within_linuxs_range() -> None:
     assert compiled.somaxconn(2, 8) == 4096
     assert compiled.somaxconn(1152, 8) == 18432
     assert compiled.somaxconn(9000, 8) == 65535
-    inventory = {f"n{i}": {"ansible_host": f"10.0.0.{i}", "cluster_nproc_per_node": 4} for i in range(1000)}
+    inventory = {
+        f"n{i}": {"ansible_host": f"10.1.{i // 250}.{i % 250}", "cluster_nproc_per_node": 4}
+        for i in range(1000)
+    }
     result = compiled.compile_cluster(inventory, list(inventory), cluster="c", records_dir=Path("/none"))
     assert result.somaxconn == 8000
     inventory = {f"n{i}": {"ansible_host": f"10.0.{i // 250}.{i % 250}"} for i in range(1000)}

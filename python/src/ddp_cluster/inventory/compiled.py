@@ -94,6 +94,8 @@ MAGIC_NAMES = frozenset(
 RUN_CONTROL_NAMES = frozenset(
     {"force", "wait", "converge", "nodes", "max_fail_percentage", "job", "job_id", "attach", "follow"}
 )
+# The groups site.yml adds the servers to during a run (add_host).
+RUN_GROUP_PREFIX = "ddp_converge"
 # The largest rank count per node assumed when the inventory gives none (an 8-accelerator server).
 DEFAULT_RANKS_PER_NODE = 8
 SOMAXCONN_MIN, SOMAXCONN_MAX = 4096, 65535
@@ -102,8 +104,10 @@ SOMAXCONN_MIN, SOMAXCONN_MAX = 4096, 65535
 def inventory_vars(variables: Mapping[str, Any], drop: Collection[str] = ()) -> dict[str, Any]:
     """A node's own say, as plain data, from Ansible's variables of the host (``HostVars.raw_get``): less
     the magic names, private names (``_x``: role internals, registered results), the project's facts
-    (``ddp_*``), run-control extra vars and DROP (the names a run set: facts, set_fact, register)."""
-    return {
+    (``ddp_*``), run-control extra vars and DROP (the names a run set: facts, set_fact, register). The
+    groups a run adds a node to (site.yml's ddp_converge, ddp_converge_mesh) are not its say either: a
+    compile after them gives the same digest as one before."""
+    found = {
         str(name): plain(value)
         for name, value in variables.items()
         if name not in MAGIC_NAMES
@@ -111,6 +115,9 @@ def inventory_vars(variables: Mapping[str, Any], drop: Collection[str] = ()) -> 
         and name not in drop
         and not str(name).startswith(("_", "ddp_", "discovered_"))
     }
+    if isinstance(found.get("group_names"), list):
+        found["group_names"] = [g for g in found["group_names"] if not str(g).startswith(RUN_GROUP_PREFIX)]
+    return found
 
 
 def read_nodes(
