@@ -10,7 +10,8 @@ the fetch, whether it worked or not. Every
 node at once (one task; Ansible's forks). The module refuses a job directory reached through a link (named
 in the warning) and leaves out devices and fifos (a warning names them). A node the supervisor found lost
 (``lost: true``) may not answer at all: it is tried with a short connection timeout (the task's), and what
-cannot come back is a warning, never a failure: the others' results and the report still come.
+cannot come back is a warning, never a failure: the others' results and the report still come. ``plan``: the
+fact ``_ddp_job_plan``; the whole plan is read from its ``plan_path``.
 
     - ddp_job_collect:
         plan: "{{ _ddp_job_plan }}"
@@ -20,12 +21,18 @@ cannot come back is a warning, never a failure: the others' results and the repo
 from __future__ import annotations
 
 import hashlib
+import site
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ansible.errors import AnsibleError
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
+
+# The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
+site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
+
+from ddp_cluster.job.plan import whole
 
 
 class ActionModule(ActionBase):
@@ -36,7 +43,10 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         if self._task.check_mode:  # the plan was checked; nothing starts
             return {**result, "skipped": True, "msg": "check mode: no job ran, nothing to bring back"}
-        plan = self._task.args["plan"]
+        try:
+            plan = whole(self._task.args["plan"])
+        except (OSError, ValueError) as error:
+            return {**result, "changed": False, "warnings": [f"the job's plan could not be read ({error})"]}
         lost = boolean(self._task.args.get("lost", False), strict=False)
         node = str((task_vars or {})["inventory_hostname"])
         host_dir = plan["host_dirs"][node]

@@ -10,6 +10,8 @@ the node, what is wrong and the fix. The job's files are written only after ever
 
     - ddp_job_node:
         plan: "{{ _ddp_job_plan }}"
+
+``plan`` is the fact ``_ddp_job_plan`` (small); the whole plan is read from its ``plan_path``, once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ansible.utils.display import Display
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
 from ddp_cluster.job.node_check import HCCN_TOOL, check_node
+from ddp_cluster.job.plan import whole
 from ddp_cluster.job.transport import ActionTransport
 
 display = Display()
@@ -40,4 +43,8 @@ class ActionModule(ActionBase):
         node = str(variables["inventory_hostname"])
         tool = str(self._templar.template(variables.get("hccn_network_tool")) or HCCN_TOOL)
         transport = ActionTransport(self, ())  # a connection that fails fails the task, as Ansible does
-        return {**result, **check_node(self._task.args["plan"], node, transport, tool, display.display)}
+        try:
+            plan = whole(self._task.args["plan"])
+        except (OSError, ValueError) as error:
+            return {**result, "failed": True, "msg": f"{node}: the job's plan could not be read ({error})"}
+        return {**result, **check_node(plan, node, transport, tool, display.display)}

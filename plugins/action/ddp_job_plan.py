@@ -3,8 +3,11 @@
 
 Takes the ``ddp_job`` role's variables as Ansible resolved them (train.yml's extra vars through the role's
 defaults), the role's argument_specs (their types and choices), the inventory's nodes and what site.yml
-recorded of them; writes the job's files (runs/<id>/plan.json, job.tar.gz) and returns the plan as the fact
+recorded of them; writes the job's files (runs/<id>/plan.json, job.tar.gz) and returns the fact
 ``_ddp_job_plan``, or fails naming every variable that is wrong. Nothing is written when the plan fails.
+The fact is small (:func:`ddp_cluster.job.plan.fact`: the job's id, nodes, directories and ``plan_path``),
+as every task of the job templates it on every node; the actions read the whole plan from ``plan_path``. In
+check mode the plan goes to a file of the controller's temporary directory (runs/ stays as it was).
 
     - ddp_job_plan:
         npu_plan: "{{ device-IP plan of the nodes, npu only }}"
@@ -12,7 +15,9 @@ recorded of them; writes the job's files (runs/<id>/plan.json, job.tar.gz) and r
 
 from __future__ import annotations
 
+import json
 import site
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,7 +54,12 @@ class ActionModule(ActionBase):
         value = self._value(variables)
         request = plan_inputs.request(options, variables, value)
         if str(request.get("attach") or "").strip():
-            return {**result, **plan_inputs.attach(request, display.display)}
+            attached = plan_inputs.attach(request, display.display)
+            earlier = attached.get("ansible_facts", {}).get("_ddp_job_plan")
+            if earlier:
+                path = str(Path(earlier["run_dir"], planning.PLAN_FILE))
+                attached["ansible_facts"]["_ddp_job_plan"] = planning.fact(earlier, path)
+            return {**result, **attached}
         try:
             inventory = plan_inputs.inventory(variables, value, self._task.args.get("npu_plan") or {})
             plan = planning.make_plan(request, options, inventory, pack=not self._task.check_mode)
@@ -57,13 +67,20 @@ class ActionModule(ActionBase):
                 planning.write_files(plan)
         except planning.PlanError as error:
             return {**result, "failed": True, "msg": str(error)}
-        facts = plan.to_dict()
-        for line in facts["lines"]:
+        whole = plan.to_dict()
+        path = str(Path(plan.run_dir, planning.PLAN_FILE))
+        if self._task.check_mode:
+            with tempfile.NamedTemporaryFile(
+                "w", prefix=f"ddp-plan-{plan.spec.id}-", suffix=".json", delete=False
+            ) as checked:
+                json.dump(whole, checked)
+            path = checked.name
+        for line in whole["lines"]:
             display.display(line)
         return {
             **result,
-            "changed": not facts["packed"].get("reused", True),
-            "ansible_facts": {"_ddp_job_plan": facts},
+            "changed": not whole["packed"].get("reused", True),
+            "ansible_facts": {"_ddp_job_plan": planning.fact(whole, path)},
         }
 
     def _value(self, variables: Mapping[str, Any]) -> Callable[[str], Any]:

@@ -9,6 +9,8 @@ The last status read is returned and written to runs/<id>/status.json on the con
 
     - ddp_job_wait:
         plan: "{{ _ddp_job_plan }}"
+
+``plan`` is the fact ``_ddp_job_plan`` (small); the whole plan is read from its ``plan_path``, once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
 from ddp_cluster.job import secrets
 from ddp_cluster.job.control import JobControl, interrupt_file
+from ddp_cluster.job.plan import whole
 from ddp_cluster.job.transport import ActionTransport
 
 display = Display()
@@ -44,7 +47,10 @@ class ActionModule(ActionBase):
         transport = ActionTransport(self, (AnsibleError,))
         # The callback runs in the playbook's own process, this action's parent.
         interrupt = interrupt_file(os.getppid())
-        plan = self._task.args["plan"]
+        try:
+            plan = whole(self._task.args["plan"])
+        except (OSError, ValueError) as error:
+            return {**result, "failed": True, "msg": f"the job's plan could not be read ({error})"}
         try:  # the job's secret_env, from this controller's environment now (the plan kept the names only)
             values = secrets.for_start(plan, os.environ)
         except secrets.SecretError as error:

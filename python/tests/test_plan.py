@@ -462,3 +462,32 @@ def test_nodes_whose_drain_state_is_unknown_are_named(tmp_path: Path) -> None:
     made = make(tmp_path, inventory(tmp_path, drain_unknown=("s1", "s9")))
     assert list(made.spec.nodes) == ["s0", "s1"]
     assert any("could not read whether s1 is drained" in line for line in made.lines())
+
+
+def test_the_playbooks_fact_is_small_the_actions_read_the_whole_plan_from_its_file(tmp_path: Path) -> None:
+    # Every task of the job templates the fact on every node: on many nodes the whole plan (the spec, its
+    # environment, an npu rank table) would be templated thousands of times; the actions read plan.json once.
+    nodes = tuple(f"s{index}" for index in range(40))
+    made = make(tmp_path, inventory(tmp_path, nodes), nodes="32", nproc_per_node=8)
+    plan.write_files(made)
+    whole = made.to_dict()
+    path = str(Path(made.run_dir, plan.PLAN_FILE))
+    fact = plan.fact(whole, path)
+    assert set(fact) == {*plan.FACT_KEYS, "detach", "plan_path"}
+    assert fact["nodes"] == list(nodes[:32]) and fact["first"] == "s0" and fact["run_dir"] == made.run_dir
+    assert len(json.dumps(fact)) < len(json.dumps(whole)) / 3
+    read = plan.whole(fact)
+    assert read == {**json.loads(Path(path).read_text()), "plan_path": path}
+    assert read["spec"] == whole["spec"] and read["host_dirs"] == whole["host_dirs"]
+    # What a task sets on the fact for one call (train.yml's follow of the standby) stays over the file's.
+    assert plan.whole({**fact, "attach": True, "follow": True})["follow"] is True
+    assert plan.whole({**fact, "attach": True})["attach"] is True
+    # A plan given whole (no file) is taken as it is; a file that is gone is an error the action names.
+    assert plan.whole({"id": "j1", "first": "s0"}) == {"id": "j1", "first": "s0"}
+    with pytest.raises(OSError):
+        plan.whole({**fact, "plan_path": str(tmp_path / "gone.json")})
+
+
+def test_a_plans_line_counts_many_nodes_and_names_a_few() -> None:
+    assert plan.named(["s0", "s1"]) == "s0, s1"
+    assert plan.named([f"s{index}" for index in range(1152)]) == "1152 nodes (s0, s1, ..., s1151)"

@@ -59,13 +59,56 @@ __all__ = [
     "NodeRecord",
     "Plan",
     "PlanError",
+    "fact",
     "find_checkpoint",
     "load",
     "make_plan",
     "ping_targets",
     "read_records",
+    "whole",
     "write_files",
 ]
+
+# What the playbook keeps of a plan (the fact ``_ddp_job_plan``, templated in every task's arguments and
+# conditions on every node of the job): the names its conditions, the report and a gate's job read. The
+# whole plan (the spec with its environment, rank table and recovery plan: megabytes on a thousand npu
+# servers) stays in runs/<id>/plan.json, which the actions read themselves, once per call.
+FACT_KEYS = ("id", "base_id", "kind", "label", "first", "nodes", "spares", "run_dir", "job_dir", "lines")
+# Keys a playbook sets on the fact for one call (``attach``: follow a job started before; ``follow``: on its
+# standby), which the whole plan read from its file takes over.
+OVERRIDES = ("attach", "detach", "follow")
+
+
+# Nodes a plan's line names one by one; more are counted, with the first and the last named.
+NAMED = 8
+
+
+def named(nodes: Sequence[str]) -> str:
+    """Nodes as a plan's line names them: each of a few; of many, how many and the first and last ones (a
+    line of a thousand names says less)."""
+    if len(nodes) <= NAMED:
+        return ", ".join(nodes)
+    return f"{len(nodes)} nodes ({', '.join(nodes[:2])}, ..., {nodes[-1]})"
+
+
+def fact(plan: Mapping[str, Any], plan_path: str) -> dict[str, Any]:
+    """The fact ``_ddp_job_plan`` of a plan (:meth:`Plan.to_dict`, or an earlier run's plan.json):
+    :data:`FACT_KEYS`, its overrides, and ``plan_path``, the file that holds the whole plan."""
+    kept = {key: plan[key] for key in (*FACT_KEYS, *OVERRIDES) if key in plan}
+    return {**kept, "plan_path": plan_path}
+
+
+def whole(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The whole plan an action was given the fact of: ``plan_path``'s JSON, with the fact's overrides
+    (attach, follow) on it. A plan given whole (no ``plan_path``) is taken as it is. Raises OSError or
+    ValueError when the file cannot be read."""
+    path = str(given.get("plan_path") or "")
+    if not path:
+        return dict(given)
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path} holds no plan")
+    return {**data, **{key: given[key] for key in OVERRIDES if key in given}, "plan_path": path}
 
 
 @dataclass(frozen=True)
@@ -142,7 +185,7 @@ class Plan:
             else spec.script or "python -m ddp_cluster.train"
         )
         line = (
-            f"{self.label} {spec.id}: {spec.launcher} on {', '.join(spec.nodes)},"
+            f"{self.label} {spec.id}: {spec.launcher} on {named(spec.nodes)},"
             f" {spec.nproc_per_node} process(es) per node, world size {spec.world_size},"
             f" device {spec.device}{cpu},"
             f" {' '.join([program, *spec.script_args])}"
@@ -166,7 +209,7 @@ class Plan:
             )
         if self.drain_unknown:
             lines.append(
-                f"{self.label} {spec.id}: could not read whether {', '.join(self.drain_unknown)} is drained"
+                f"{self.label} {spec.id}: could not read whether {named(self.drain_unknown)} is drained"
                 " (no answer); each node's own check before the start refuses a drained one"
             )
         if spec.max_restarts:
