@@ -738,8 +738,8 @@ class TierCache:
     the source (holding the source's gate until it says it is up), runs Distribution as a pull-through cache
     of the source's registry on its loopback's port + 1 (reaching the source through a relay on port + 2 that
     logs it in), pulls the image through it, authorizes the run's key for a forward to it and says its host
-    keys; its group then pulls through a tunnel to its sshd (a gate
-    of its own). Closing the session's stdin stops it all and removes the cache."""
+    keys; its group then pulls through a tunnel to its sshd (a gate of its own). Closing the session's stdin
+    stops it all and removes the cache."""
 
     def __init__(
         self,
