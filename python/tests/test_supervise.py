@@ -237,6 +237,28 @@ def test_a_probe_opens_its_own_connection_a_command_shares_one(monkeypatch: pyte
     assert not any("ControlPath" in word for word in command)
 
 
+def test_a_node_found_down_loses_its_shared_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A command over the shared connection to a node that went down would wait for the master's keepalives;
+    # once a fresh login is refused, the master is ended, and the next command fails at once.
+    import subprocess
+
+    from ddp_cluster.supervisor.remote import Mesh
+
+    seen: list[list[str]] = []
+
+    def run(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        seen.append(argv)
+        refused = "ssh: connect to host node1 port 12345: Connection refused\r\n"
+        return subprocess.CompletedProcess(argv, 255, "", refused if "true" in argv else "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert Mesh("node0").probe("node1") == "down"
+    probe, drop = seen
+    assert probe[-1] == "true" and drop[-3:] == ["node1", "-O", "exit"] and "ControlPath=none" not in drop
+    Mesh("node0").drop("node0")  # this node: no ssh at all
+    assert len(seen) == 2
+
+
 def test_with_torchrun_the_failing_agents_own_log_names_the_rank(tmp_path: Path) -> None:
     # mpirun writes a rank's output on its own node only (--output-filename DIR:nocopy): launcher.log holds
     # mpirun's lines, which name the failing node's agent; torchrun's Root Cause block is in that agent's log.

@@ -362,6 +362,7 @@ class Supervisor:
     def forget(self, lost: Sequence[str]) -> None:
         for node in lost:
             self.replicator.forget(node)
+            self.mesh.drop(node)
 
     def stalled(self, watchdog: stall.Watchdog, tree: Watch) -> Failure | None:
         """The progress watchdog: on a stall, every rank's stacks kept and the ranks outside a collective

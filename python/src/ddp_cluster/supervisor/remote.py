@@ -12,6 +12,7 @@ place.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 import time
@@ -73,7 +74,19 @@ class Mesh:
             )
         except subprocess.TimeoutExpired:
             return probe_verdict(None, "")
-        return probe_verdict(done.returncode, done.stderr)
+        verdict = probe_verdict(done.returncode, done.stderr)
+        if verdict == "down":
+            self.drop(node)
+        return verdict
+
+    def drop(self, node: str) -> None:
+        """End the shared connection to ``node`` (its ControlMaster), if there is one: a command on the
+        connection to a node that went down waits for the master's keepalives (a minute) or COMMAND_TIMEOUT,
+        where a fresh one is refused at once. Asks the local master only; never fails."""
+        if node == self.me:
+            return
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run([*self.ssh(node), "-O", "exit"], capture_output=True, timeout=5, check=False)
 
     def down_now(self, nodes: Sequence[str], pool: ThreadPoolExecutor) -> list[str]:
         """The nodes that do not answer at all now (asked once, when the launcher failed: was one lost?)."""
