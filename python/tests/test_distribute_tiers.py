@@ -6,6 +6,7 @@ others."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import shlex
 import threading
@@ -150,6 +151,7 @@ def test_a_server_build_in_two_tiers_pulls_through_the_tier1_caches_and_around_o
         "registry_command": "docker-registry", "storage": "/var/lib/ddp-cluster/image/registry",
         "parallel": 4, "timeout": 60, "source": {"name": "src", "ssh": [str(ssh), "src"]},
         "source_address": "10.0.0.9", "source_script": "registry", "receiver_script": "pull", "tiers": "2",
+        "cache_storage": "/var/lib/ddp-cluster/image/registry-cache",
     }  # fmt: skip
     failed, report = dist.run(given, check_mode=False)
     assert not failed and report["failed_servers"] == [], report
@@ -178,3 +180,36 @@ def test_a_server_build_in_two_tiers_pulls_through_the_tier1_caches_and_around_o
     pulled = [f"127.0.0.1:15000/ddp-cluster/node@{DIGEST}", "ddp-cluster/node:ab12", BUILT_ID]
     assert calls["a1"][4:] == [*pulled, "15000", "tier-a", "2200", "ops", "ssh-ed25519 AAAAtier-a", "15001"]
     assert calls["d1"][4:] == [*pulled, "15000", "10.0.0.9", "22", "", "ssh-ed25519 AAAAsource"]
+
+
+def test_the_controllers_registry_reaches_its_tier1_caches_through_their_sessions_own_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ssh = tmp_path / "ssh"
+    ssh.write_text(SSH)
+    ssh.chmod(0o755)
+    log = tmp_path / "ssh.log"
+    monkeypatch.setenv("DDP_FAKE_LOG", str(log))
+    monkeypatch.setenv("DDP_FAKE_DIGEST", DIGEST)
+    params = {
+        "image": "ddp-cluster/node:ab12", "port": 15000, "timeout": 60, "registry_command": "docker-registry",
+        "source_script": "registry", "receiver_script": "pull", "cache_storage": "/var/tmp/cache",
+    }  # fmt: skip
+    pulled = f"127.0.0.1:15000/ddp-cluster/node@{DIGEST}"
+    receiver = functools.partial(dist.tunnelled_puller, params, pulled, BUILT_ID, "AUTH\nKEY")
+    cache = dist.TierCache(params, pulled, BUILT_ID, ("15000",), "PASSWORD\n-----END KEY-----\n",
+                           "ssh-ed25519 K", "ddp-cluster-image-1", None, receiver, "controller",
+                           forward=15000)  # fmt: skip
+    tier = {"name": "tier-a", "ssh": [str(ssh), "tier-a"]}
+    argv = cache.argv(tier)
+    # The session itself carries the controller's registry to the tier-1 server's loopback (no tunnel of its
+    # own).
+    assert argv[argv.index("-R") + 1] == "127.0.0.1:15000:127.0.0.1:15000"
+    assert shlex.split(argv[-1])[-1] == "15000"
+    with cache.open(tier) as (own, through):
+        assert own["ok"] and own["via"] == "controller" and through is not None
+        child = through({"name": "a1", "ssh": [str(ssh), "a1"]})
+    assert child["ok"] and child["via"] == "tier-a" and cache.bytes_served == 100
+    said = shlex.split(log.read_text().splitlines()[-1].split(" ", 1)[1])
+    assert said[4:] == [pulled, "ddp-cluster/node:ab12", BUILT_ID, "15000", "tier-a", "22", "",
+                        "ssh-ed25519 AAAAtier-a", "15001"]  # fmt: skip

@@ -16,17 +16,18 @@
 # servers, so it reaches the build server's registry (basic logins) through a relay on PORT + 1 that it uses as
 # its HTTP proxy: the relay takes only requests that carry the run's password as their proxy login and adds it
 # as their login upstream (GET and HEAD only), so that nothing on this loopback reaches either without it.
-# Arguments: proxy PORT STORAGE PULLED IMAGE IMAGE_ID REGISTRY_COMMAND PUBLIC_KEY KEY_COMMENT UP_PORT ADDRESS
-# SSH_PORT USER HOST_KEYS: the cache on PORT, PULLED its REGISTRY/NAME@DIGEST, the tunnel to the build server
-# as pull-image.sh opens it (UP_PORT on both loopbacks). stdin: the password, the tunnel's private key, then
-# nothing until the end. It says `tunnel: up` once the tunnel answers, then pulled:, image_id:, hostkey: and
+# Arguments: proxy PORT STORAGE PULLED IMAGE IMAGE_ID REGISTRY_COMMAND PUBLIC_KEY KEY_COMMENT UP_PORT [ADDRESS
+# SSH_PORT USER HOST_KEYS]: the cache on PORT, PULLED its REGISTRY/NAME@DIGEST, the source's registry on this
+# loopback's UP_PORT: through the tunnel this script opens to the build server as pull-image.sh does, or, with no
+# ADDRESS, the controller's registry that the controller's session forwards there (ssh -R). stdin: the password,
+# the run's private key, then nothing until the end. It says `tunnel: up` once the tunnel answers, then pulled:, image_id:, hostkey: and
 # ready, or error:.
 set -u
 proxy=
 if [ "$1" = proxy ]; then
   shift
   proxy=yes port=$1 storage=$2 pulled=$3 image=$4 expected=$5 command=$6 key=$7 comment=$8
-  up=$9 address=${10} ssh_port=${11} user=${12} known=${13}
+  up=$9 address=${10:-} ssh_port=${11:-} user=${12:-} known=${13:-}
   reference=$pulled
 else
   port=$1 storage=$2 image=$3 reference=$4 command=$5 key=$6 comment=$7
@@ -63,6 +64,12 @@ if [ -n "$proxy" ]; then
     printf '%s\n' "$line" >> "$work/key"
     case $line in "-----END "*) break ;; esac
   done
+  if [ -z "$address" ] && ! answers "$up"; then
+    say "error: the controller's registry does not answer on this server's loopback port $up (the session's ssh -R)"
+    exit 4
+  fi
+fi
+if [ -n "$proxy" ] && [ -n "$address" ]; then
   printf '%s\n' "$known" | sed 's/^/ddp-image-build /' > "$work/known_hosts"
   set -- -N -i "$work/key" -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes \
     -o UserKnownHostsFile="$work/known_hosts" -o GlobalKnownHostsFile=/dev/null -o HostKeyAlias=ddp-image-build \
@@ -82,6 +89,8 @@ if [ -n "$proxy" ]; then
     sleep 0.2
   done
   say "tunnel: up"
+fi
+if [ -n "$proxy" ]; then
   relay_port=$((port + 1))
   # The relay (see the header): stdlib only, the password on its stdin.
   printf '%s\n' "$secret" | python3 -c '

@@ -84,7 +84,8 @@ options:
     type: dict
   tiers:
     description:
-      - With C(source), how the servers that lack the image get it. C(1), every one from the source.
+      - How the servers that lack the image get it from the source (the build server with C(source), else the
+        controller's registry; a user's registry serves every server itself). C(1), every one from the source.
         C(2), ceil(sqrt(L)) tier-1 servers (the first of each group of neighbours in the given order) from the
         source, each of which then runs Distribution as a pull-through cache of the source's registry
         (proxy.remoteurl, through its own tunnel to the source and a relay that logs it in; the source sends
@@ -95,6 +96,10 @@ options:
     type: str
     choices: [auto, "1", "2"]
     default: "1"
+  cache_storage:
+    description: In two tiers, the store of each tier-1 server's cache (removed when the call ends).
+    type: str
+    default: /var/tmp/ddp-cluster-image-cache
   source_address:
     description: The source's address as the other servers reach it (default the last word of its C(ssh)).
     type: str
@@ -178,6 +183,7 @@ def main() -> None:
             "timeout": {"type": "int", "default": 1800},
             "source": {"type": "dict"},
             "tiers": {"type": "str", "choices": ["auto", "1", "2"], "default": "1"},
+            "cache_storage": {"type": "str", "default": "/var/tmp/ddp-cluster-image-cache"},
             "source_address": {"type": "str", "default": ""},
             "source_script": {"type": "str", "default": ""},
             "receiver_script": {"type": "str", "default": ""},

@@ -37,6 +37,7 @@ import base64
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import json
 import math
 import os
@@ -733,6 +734,35 @@ def pull_in_tiers(
     }
 
 
+def tunnelled_puller(
+    params: Mapping[str, Any],
+    pulled: str,
+    image_id: str,
+    stdin: str,
+    via: str,
+    tunnel: tuple[str, ...],
+    gate: threading.Semaphore,
+) -> Puller:
+    """A server's pull of ``pulled`` through a tunnel to ``via``'s sshd (pull-image.sh's ``tunnel`` arguments;
+    ``gate``: its handshakes with that sshd), tried again while it fails for a reason that passes."""
+    command = pull_command(params["receiver_script"], pulled, params["image"], image_id, tunnel)
+
+    def receive(server: dict[str, Any]) -> dict[str, Any]:
+        argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
+
+        def attempt() -> tuple[dict[str, Any], bool]:
+            begun = time.monotonic()
+            done = run_gated(argv, int(params["timeout"]), stdin, gate)
+            error = receiver_error(done.returncode, done.stdout, via, int(params["port"]))
+            return pull_result(done, begun, int(params["timeout"]), error), passing(
+                done.returncode, done.stdout
+            )
+
+        return dict(with_retries(attempt), via=via)
+
+    return receive
+
+
 class TierCache:
     """Tier-1 servers' sessions (the role's files/registry-source.sh in proxy mode): each opens its tunnel to
     the source (holding the source's gate until it says it is up), runs Distribution as a pull-through cache
@@ -750,11 +780,17 @@ class TierCache:
         stdin: str,
         public: str,
         comment: str,
-        source_gate: threading.Semaphore,
+        source_gate: threading.Semaphore | None,
         receiver: Callable[[str, tuple[str, ...], threading.Semaphore], Puller],
+        source_name: str,
+        forward: int | None = None,
     ) -> None:
+        """``upstream``: the source's port, then (a build server) ADDRESS SSH_PORT USER HOST_KEYS of the
+        tunnel each tier-1 server opens to it; ``forward`` (the controller's registry): the port each tier-1
+        session forwards back to the controller instead (ssh -R)."""
         self.params, self.upstream, self.stdin, self.source_gate = params, upstream, stdin, source_gate
         self.image_id, self.public, self.comment, self.receiver = image_id, public, comment, receiver
+        self.source_name, self.forward = source_name, forward
         self.port = int(params["port"]) + 1
         # The image through the tier-1 server's own cache: REGISTRY/NAME@DIGEST with the cache's port.
         self.pulled = pulled.replace(f"127.0.0.1:{params['port']}/", f"127.0.0.1:{self.port}/", 1)
@@ -766,10 +802,14 @@ class TierCache:
         params = self.params
         script = [
             "sh", "-c", params["source_script"], "ddp-registry", "proxy", str(self.port),
-            f"{params['storage']}-cache", self.pulled, params["image"], self.image_id,
+            params["cache_storage"], self.pulled, params["image"], self.image_id,
             params["registry_command"], self.public, self.comment, *self.upstream,
         ]  # fmt: skip
-        return [*client, *SSH_OPTIONS, target, shlex.join(script)]
+        options = [*SSH_OPTIONS]
+        if self.forward is not None:
+            options += ["-o", "ExitOnForwardFailure=yes",
+                        "-R", f"127.0.0.1:{self.forward}:127.0.0.1:{self.forward}"]  # fmt: skip
+        return [*client, *options, target, shlex.join(script)]
 
     @contextlib.contextmanager
     def open(self, server: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Puller | None]]:
@@ -777,11 +817,12 @@ class TierCache:
         released = threading.Event()
 
         def release() -> None:
-            if not released.is_set():
+            if self.source_gate is not None and not released.is_set():
                 released.set()
                 self.source_gate.release()
 
-        self.source_gate.acquire()
+        if self.source_gate is not None:
+            self.source_gate.acquire()
         begun = time.monotonic()
         try:
             session = subprocess.Popen(
@@ -822,7 +863,7 @@ class TierCache:
                 through: Puller | None = self.receiver(
                     name, tunnel, threading.BoundedSemaphore(HANDSHAKES_PER_SSHD)
                 )
-                yield dict(own, attempts=1, via=self.params["source"]["name"]), through
+                yield dict(own, attempts=1, via=self.source_name), through
             else:
                 said += [line] if line else []
                 reason = (
@@ -894,22 +935,7 @@ def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
             pulled = digest_reference(reference, report["digest"])
             stdin = pull_input(registry_auth(password), private)
 
-            def receiver(via: str, tunnel: tuple[str, ...], gate: threading.Semaphore) -> Puller:
-                """A server's pull through a tunnel to ``via``'s sshd (``gate``: its handshakes)."""
-                command = pull_command(params["receiver_script"], pulled, image, report["image_id"], tunnel)
-
-                def receive(server: dict[str, Any]) -> dict[str, Any]:
-                    argv = ssh_pull_argv([str(word) for word in server["ssh"]], command, None)
-
-                    def attempt() -> tuple[dict[str, Any], bool]:
-                        begun = time.monotonic()
-                        done = run_gated(argv, timeout, stdin, gate)
-                        error = receiver_error(done.returncode, done.stdout, via, port)
-                        return pull_result(done, begun, timeout, error), passing(done.returncode, done.stdout)
-
-                    return dict(with_retries(attempt), via=via)
-
-                return receive
+            receiver = functools.partial(tunnelled_puller, params, pulled, report["image_id"], stdin)
 
             source_gate = threading.BoundedSemaphore(HANDSHAKES_PER_SSHD)
             from_source = receiver(
@@ -920,7 +946,7 @@ def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
             if plan:
                 upstream = (str(port), address, ssh_port, user, known)
                 cache = TierCache(params, pulled, report["image_id"], upstream, f"{password}\n{private}",
-                                  public, comment, source_gate, receiver)  # fmt: skip
+                                  public, comment, source_gate, receiver, source["name"])  # fmt: skip
                 report.update(pull_in_tiers(servers, plan, params["parallel"], from_source, cache.open))
                 report["tier1_bytes_served"] = cache.bytes_served
             else:
@@ -975,10 +1001,27 @@ def distribute(params: Mapping[str, Any]) -> dict[str, Any]:
             image,
             report["image_id"],
         )
-        report.update(pull_everywhere(
-            params["servers"], params["parallel"],
-            lambda server: pull(server, command, pull_input(auth), tunnel_port, timeout),
-        ))  # fmt: skip
+        servers, source = params["servers"], "controller" if tunnel_port is not None else registry.strip()
+
+        def from_controller(server: dict[str, Any]) -> dict[str, Any]:
+            return dict(pull(server, command, pull_input(auth), tunnel_port, timeout), via=source)
+
+        # Tiers for the controller's own registry only: a user's registry serves every server itself.
+        plan = plan_tiers([server["name"] for server in servers], str(params.get("tiers") or "1"))
+        if plan and tunnel_port is not None:
+            keys = stack.enter_context(tempfile.TemporaryDirectory(prefix="ddp-image-key-"))
+            comment = f"ddp-cluster-image-{os.urandom(6).hex()}"
+            private, public = _keypair(keys, comment)
+            pulled = digest_reference(reference, report["digest"])
+            receiver = functools.partial(
+                tunnelled_puller, params, pulled, report["image_id"], pull_input(auth, private)
+            )
+            cache = TierCache(params, pulled, report["image_id"], (str(port),), f"{password}\n{private}",
+                              public, comment, None, receiver, "controller", forward=port)  # fmt: skip
+            report.update(pull_in_tiers(servers, plan, params["parallel"], from_controller, cache.open))
+            report["tier1_bytes_served"] = cache.bytes_served
+        else:
+            report.update(pull_everywhere(servers, params["parallel"], from_controller))
         if served is not None:
             report["bytes_served"] = bytes_served(served.read())
     return report
