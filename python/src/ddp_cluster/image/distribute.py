@@ -873,10 +873,14 @@ class TierCache:
                 )
                 if line is None and time.monotonic() >= deadline:
                     reason = f"no answer within {timeout} s (training_image_pull_timeout)"
+                elif not reason:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        session.wait(timeout=10)
+                    reason = f"its session ended without a word (rc {session.returncode})"
                 yield (
                     {
                         "ok": False,
-                        "error": f"the tier-1 server {name} cannot serve: {reason or 'its session ended'}",
+                        "error": f"the tier-1 server {name} cannot serve: {reason}",
                     },
                     None,
                 )
@@ -1008,6 +1012,10 @@ def distribute(params: Mapping[str, Any]) -> dict[str, Any]:
 
         # Tiers for the controller's own registry only: a user's registry serves every server itself.
         plan = plan_tiers([server["name"] for server in servers], str(params.get("tiers") or "1"))
+        if plan and tunnel_port is not None and not params.get("source_script"):
+            raise DistributionError(
+                "two tiers need source_script (the role's files/registry-source.sh, which tier-1 servers run)"
+            )
         if plan and tunnel_port is not None:
             keys = stack.enter_context(tempfile.TemporaryDirectory(prefix="ddp-image-key-"))
             comment = f"ddp-cluster-image-{os.urandom(6).hex()}"
