@@ -35,17 +35,24 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_start(self, playbook: Any) -> None:
         name = summary.converges(str(getattr(playbook, "_file_name", "") or ""))
-        self._summary = summary.ConvergeSummary(name) if name else None
+        self._summary = None
+        if name:
+            # Imported playbooks' plays included: fewer started than these means the run stopped early.
+            plays = {str(play._uuid) for play in playbook.get_plays()}
+            self._summary = summary.ConvergeSummary(name, plays=len(plays))
 
     def v2_playbook_on_play_start(self, play: Any) -> None:
         if self._summary is None:
             return
         nodes: list[str] = []
+        hosts: list[str] = []
         try:
             # The inventory's nodes this run can reach (--limit applied), whatever the play's own hosts: a
-            # warm run's stages see only the servers that drifted, the line counts the cluster.
+            # warm run's stages see only the servers that drifted, the line counts the cluster. The play's
+            # own hosts: the inventory is restricted to them while it runs.
             inventory = play.get_variable_manager()._inventory
             nodes = [host.name for host in inventory.get_hosts(summary.NODES_GROUP, ignore_restrictions=True)]
+            hosts = [host.name for host in inventory.get_hosts(play.hosts)]
         except Exception:
             # An inventory Ansible cannot match the group in: the line counts the failed servers.
             nodes = []
@@ -55,6 +62,8 @@ class CallbackModule(CallbackBase):
             nodes,
             None if percentage is None else float(percentage),
             bool(play.any_errors_fatal),
+            hosts,
+            str(play._uuid),
         )
 
     def v2_runner_on_failed(self, result: Any, ignore_errors: bool = False) -> None:

@@ -166,3 +166,29 @@ def test_the_servers_counted_are_every_plays_nodes_a_controller_play_is_named_no
     nodeless.play("hosts", [], 10.0, fatal=False)
     nodeless.failed("x", "t", {"msg": "m"})
     assert nodeless.line({"x": 1}, {}).startswith("site.yml: 0 of 1 servers converged; not: x")
+
+
+def test_a_run_that_started_fewer_plays_than_its_playbook_has_stopped_there() -> None:
+    made = ConvergeSummary("site.yml", plays=5)
+    made.play("compile", NODES, None, fatal=False, hosts=NODES, key="p1")
+    made.failed("sim-server0", "Compile", {"msg": "broken"})  # run_once: every server failed, no callback
+    assert made.line({"sim-server0": 1}, {}).startswith(
+        "site.yml: 0 of 4 servers converged (the run stopped in compile); failed: sim-server0 (compile:"
+        " Compile: broken); 3 others stopped with them"
+    )
+
+
+def test_a_stop_among_some_servers_leaves_the_others_converged_and_a_play_in_batches_counts_once() -> None:
+    made = ConvergeSummary("site.yml", plays=2)
+    made.play("compile", NODES, None, fatal=False, hosts=NODES, key="p1")
+    made.play("image", NODES, 10.0, fatal=False, hosts=NODES[:2], key="p2")
+    made.play("image", NODES, 10.0, fatal=False, hosts=NODES[2:3], key="p2")  # serial: a second batch
+    made.failed("sim-server2", "Pull", {"msg": "manifest unknown"})
+    assert made.line({"sim-server2": 1}, {}) == (
+        "site.yml: 3 of 4 servers converged; not: sim-server2 (image: Pull: manifest unknown); run site.yml"
+        " again for them"
+    )
+    made.no_hosts_remaining()
+    assert made.line({"sim-server2": 1}, {}).startswith(
+        "site.yml: 3 of 4 servers converged (the run stopped in image: more than 10% of its servers failed"
+    )

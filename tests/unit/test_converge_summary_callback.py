@@ -42,11 +42,20 @@ class Inventory:
         self.nodes = nodes
 
     def get_hosts(self, pattern: str, ignore_restrictions: bool = False) -> list[SimpleNamespace]:
-        assert pattern == "nodes" and ignore_restrictions
-        return [SimpleNamespace(name=node) for node in self.nodes]
+        """``nodes`` (the run's nodes), or a play's hosts as a comma-separated list."""
+        hosts = self.nodes if pattern == "nodes" else pattern.split(",")
+        assert ignore_restrictions == (pattern == "nodes")
+        return [SimpleNamespace(name=node) for node in hosts]
 
 
-def play(path: str, name: str, nodes: list[str], percentage: float | None = 10.0, fatal: bool = False) -> Any:
+def play(
+    path: str,
+    name: str,
+    nodes: list[str],
+    percentage: float | None = 10.0,
+    fatal: bool = False,
+    hosts: str = "",
+) -> Any:
     manager = SimpleNamespace(_inventory=Inventory(nodes))
     return SimpleNamespace(
         get_variable_manager=lambda: manager,
@@ -54,6 +63,8 @@ def play(path: str, name: str, nodes: list[str], percentage: float | None = 10.0
         get_name=lambda: name,
         max_fail_percentage=percentage,
         any_errors_fatal=fatal,
+        hosts=hosts or ",".join(nodes),
+        _uuid=f"{path}:{name}",
     )
 
 
@@ -66,11 +77,13 @@ def stats(failures: dict[str, int], dark: dict[str, int], rescued: dict[str, int
     return SimpleNamespace(failures=failures, dark=dark, rescued=rescued or {})
 
 
-def callback(playbook: str) -> tuple[Any, Shown]:
+def callback(playbook: str, plays: int = 0) -> tuple[Any, Shown]:
+    """The callback after the start of ``playbook`` of ``plays`` plays (0: as many as the test starts)."""
     made = shim().CallbackModule()
     shown = Shown()
     made._display = shown
-    made.v2_playbook_on_start(SimpleNamespace(_file_name=playbook))
+    listed = [SimpleNamespace(_uuid=str(index)) for index in range(plays)]
+    made.v2_playbook_on_start(SimpleNamespace(_file_name=playbook, get_plays=lambda: listed))
     return made, shown
 
 
@@ -104,6 +117,32 @@ def test_fed_a_clean_run_or_another_playbook_the_shim_prints_nothing() -> None:
     assert shown.lines == []
 
 
+def test_fed_a_run_that_ended_before_its_last_play_the_shim_says_where_it_stopped() -> None:
+    made, shown = callback("site.yml", plays=4)  # a run_once task failed: Ansible ended the playbook
+    made.v2_playbook_on_play_start(play("/repo/playbooks/compile.yml:10", "Compile", NODES, None))
+    made.v2_runner_on_failed(result("s0", "Compile the cluster's data once", msg="no such file"))
+    made.v2_playbook_on_stats(stats({"s0": 1}, {}))
+    assert shown.lines == [
+        "site.yml: 0 of 3 servers converged (the run stopped in compile); failed: s0 (compile: Compile the"
+        " cluster's data once: no such file); 2 others stopped with them; fix the failures and run site.yml"
+        " again"
+    ]
+
+
+def test_fed_a_stop_among_the_drifted_servers_the_others_stay_converged() -> None:
+    made, shown = callback("site.yml", plays=3)
+    made.v2_playbook_on_play_start(play("/repo/playbooks/compile.yml:10", "Compile", NODES))
+    made.v2_playbook_on_play_start(play("/repo/playbooks/containers.yml:9", "Start", NODES, hosts="s1,s2"))
+    made.v2_runner_on_failed(result("s1", "Start the node container", msg="port taken"))
+    made.v2_playbook_on_no_hosts_remaining()
+    made.v2_playbook_on_stats(stats({"s1": 1}, {}))
+    assert shown.lines == [
+        "site.yml: 1 of 3 servers converged (the run stopped in containers: more than 10% of its servers"
+        " failed (max_fail_percentage; -e max_fail_percentage=N allows more)); failed: s1 (containers: Start"
+        " the node container: port taken); 1 other stopped with them; fix the failures and run site.yml again"
+    ]
+
+
 def test_fed_a_stop_the_shim_says_the_run_stopped() -> None:
     made, shown = callback("playbooks/preflight.yml")
     made.v2_playbook_on_play_start(play("/repo/playbooks/preflight.yml:16", "Validate", NODES, None, True))
@@ -124,7 +163,12 @@ STAGE = """- name: The {stage} stage
   tasks:
 {tasks}
 """
-HOSTS_TASKS = """    - name: Fails on h2
+HOSTS_TASKS = """    - name: Fails once for every host
+      ansible.builtin.fail:
+        msg: the compiled data is missing
+      run_once: true
+      when: fail_once | default(false) | bool
+    - name: Fails on h2
       ansible.builtin.fail:
         msg: h2 has no engine
       when: inventory_hostname == 'h2'
@@ -207,3 +251,13 @@ def test_a_real_run_over_max_fail_percentage_stops_and_says_so(project: Path) ->
         " failed (max_fail_percentage"
     ), done.stdout[-3000:]
     assert "h2 (hosts: Fails on h2: h2 has no engine)" in last and "h1 (" not in last
+
+
+def test_a_real_run_whose_run_once_task_failed_says_every_server_stopped(project: Path) -> None:
+    # Ansible fails every host of the play and ends the playbook, without saying that no hosts remain.
+    done = site(project, "-e", "fail_once=true", "-e", "max_fail_percentage=50")
+    assert done.returncode == 2, done.stdout + done.stderr
+    last = done.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("site.yml: 0 of 4 servers converged (the run stopped in hosts"), done.stdout
+    assert "failed: h1 (hosts: Fails once for every host: the compiled data is missing)" in last
+    assert "3 others stopped with them" in last

@@ -111,19 +111,35 @@ class ConvergeSummary:
     """Each server's failures of one run, in order, and the servers the run was for."""
 
     playbook: str  # converges(...): the name the line gives the run
+    # The playbook's plays, imported ones included (0: not known). A run that started fewer stopped early:
+    # Ansible ends the playbook when every server of a play failed (a run_once task's failure fails them all).
+    plays: int = 0
     stage: str = ""  # the stage now running
     nodes: list[str] = field(default_factory=list)  # the inventory's nodes in this run (--limit applied)
     failures: dict[str, list[Failure]] = field(default_factory=dict)
-    # Set when the run stopped every server (no hosts remaining): the stage and why.
+    # Set when Ansible said no hosts remain (any_errors_fatal, max_fail_percentage): the stage and why.
     stopped: tuple[str, str] | None = None
     _stop_reason: str = ""
+    _batch: list[str] = field(default_factory=list)  # the servers of the play now running
+    _started: set[str] = field(default_factory=set)
 
-    def play(self, stage: str, nodes: Iterable[str], max_fail_percentage: float | None, fatal: bool) -> None:
-        """A play started: its stage, the inventory's nodes it can see, and what stops every server there."""
+    def play(
+        self,
+        stage: str,
+        nodes: Iterable[str],
+        max_fail_percentage: float | None,
+        fatal: bool,
+        hosts: Iterable[str] = (),
+        key: str = "",
+    ) -> None:
+        """A play started: its stage, the inventory's nodes the run can reach, what stops every server there,
+        the play's own hosts and a key of the play (its id: a play started in batches counts once)."""
         self.stage = stage
         for node in nodes:
             if node not in self.nodes:
                 self.nodes.append(node)
+        self._batch = list(hosts)
+        self._started.add(key or f"{len(self._started)}")
         if fatal:
             self._stop_reason = "one failure there stops every server"
         elif max_fail_percentage is not None:
@@ -180,7 +196,10 @@ class ConvergeSummary:
     ) -> str:
         """The run's last line from the recap's counts (node -> count): "" when every server converged."""
         counted = self.first_failures(failures, unreachable, rescued or {})
-        if not counted and self.stopped is None:
+        stopped = self.stopped
+        if stopped is None and self.plays and len(self._started) < self.plays:
+            stopped = (self.stage, self._stop_reason)
+        if not counted and stopped is None:
             return ""
         # The servers are the inventory's nodes; a failure of another host (a play on localhost) is named but
         # not counted as a server. Without the group, the failed hosts are all there is to count.
@@ -189,11 +208,14 @@ class ConvergeSummary:
         named = ", ".join(failure.describe() for failure in counted[:NAMED])
         if len(counted) > NAMED:
             named += f", and {len(counted) - NAMED} more (their failures are printed above)"
-        if self.stopped is not None:
-            stage, why = self.stopped
-            others = total - len(names)
+        if stopped is not None:
+            # Stopped with them: the servers of the play where the run stopped (every node when not known);
+            # the others were not in it (a warm run's servers in sync) and are as the run found them.
+            batch = [node for node in self._batch if node in self.nodes] or self.nodes
+            others = len([node for node in batch if node not in names])
+            stage, why = stopped
             stop = f"the run stopped in {stage}" + (f": {why}" if why else "")
-            parts = [f"{self.playbook}: 0 of {total} servers converged ({stop})"]
+            parts = [f"{self.playbook}: {total - len(names) - others} of {total} servers converged ({stop})"]
             if named:
                 parts.append(f"failed: {named}")
             if others > 0:
