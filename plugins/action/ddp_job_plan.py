@@ -15,9 +15,7 @@ check mode the plan goes to a file of the controller's temporary directory (runs
 
 from __future__ import annotations
 
-import json
 import site
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,12 +52,7 @@ class ActionModule(ActionBase):
         value = self._value(variables)
         request = plan_inputs.request(options, variables, value)
         if str(request.get("attach") or "").strip():
-            attached = plan_inputs.attach(request, display.display)
-            earlier = attached.get("ansible_facts", {}).get("_ddp_job_plan")
-            if earlier:
-                path = str(Path(earlier["run_dir"], planning.PLAN_FILE))
-                attached["ansible_facts"]["_ddp_job_plan"] = planning.fact(earlier, path)
-            return {**result, **attached}
+            return {**result, **planning.attached_fact(plan_inputs.attach(request, display.display))}
         try:
             inventory = plan_inputs.inventory(variables, value, self._task.args.get("npu_plan") or {})
             plan = planning.make_plan(request, options, inventory, pack=not self._task.check_mode)
@@ -68,19 +61,12 @@ class ActionModule(ActionBase):
         except planning.PlanError as error:
             return {**result, "failed": True, "msg": str(error)}
         whole = plan.to_dict()
-        path = str(Path(plan.run_dir, planning.PLAN_FILE))
-        if self._task.check_mode:
-            with tempfile.NamedTemporaryFile(
-                "w", prefix=f"ddp-plan-{plan.spec.id}-", suffix=".json", delete=False
-            ) as checked:
-                json.dump(whole, checked)
-            path = checked.name
         for line in whole["lines"]:
             display.display(line)
         return {
             **result,
             "changed": not whole["packed"].get("reused", True),
-            "ansible_facts": {"_ddp_job_plan": planning.fact(whole, path)},
+            "ansible_facts": {"_ddp_job_plan": planning.made_fact(plan, whole, self._task.check_mode)},
         }
 
     def _value(self, variables: Mapping[str, Any]) -> Callable[[str], Any]:

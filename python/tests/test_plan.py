@@ -491,3 +491,18 @@ def test_the_playbooks_fact_is_small_the_actions_read_the_whole_plan_from_its_fi
 def test_a_plans_line_counts_many_nodes_and_names_a_few() -> None:
     assert plan.named(["s0", "s1"]) == "s0, s1"
     assert plan.named([f"s{index}" for index in range(1152)]) == "1152 nodes (s0, s1, ..., s1151)"
+
+
+def test_in_check_mode_the_fact_names_a_plan_outside_runs(tmp_path: Path) -> None:
+    made = make(tmp_path)
+    whole = made.to_dict()
+    checked = plan.made_fact(made, whole, check=True)
+    try:
+        assert not Path(made.run_dir).exists()  # check mode writes nothing under runs/
+        assert plan.whole(checked)["spec"] == whole["spec"]
+    finally:
+        Path(checked["plan_path"]).unlink()
+    assert plan.made_fact(made, whole, check=False)["plan_path"] == f"{made.run_dir}/{plan.PLAN_FILE}"
+    attached = plan.attached_fact({"ansible_facts": {"_ddp_job_plan": {**whole, "attach": True}}})
+    path = f"{made.run_dir}/{plan.PLAN_FILE}"
+    assert attached["ansible_facts"]["_ddp_job_plan"] == plan.fact({**whole, "attach": True}, path)

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import random
 import string
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -96,6 +97,29 @@ def fact(plan: Mapping[str, Any], plan_path: str) -> dict[str, Any]:
     :data:`FACT_KEYS`, its overrides, and ``plan_path``, the file that holds the whole plan."""
     kept = {key: plan[key] for key in (*FACT_KEYS, *OVERRIDES) if key in plan}
     return {**kept, "plan_path": plan_path}
+
+
+def made_fact(made: Plan, whole_plan: Mapping[str, Any], check: bool) -> dict[str, Any]:
+    """The fact of a plan just made: its ``plan_path`` is runs/<id>/plan.json (:func:`write_files`), or in
+    check mode (nothing under runs/ is written) a file of the controller's temporary directory."""
+    path = str(Path(made.run_dir, PLAN_FILE))
+    if check:
+        with tempfile.NamedTemporaryFile(
+            "w", prefix=f"ddp-plan-{made.spec.id}-", suffix=".json", delete=False
+        ) as checked:
+            json.dump(whole_plan, checked)
+        path = checked.name
+    return fact(whole_plan, path)
+
+
+def attached_fact(result: dict[str, Any]) -> dict[str, Any]:
+    """The action's result for ``attach=ID`` (``plan_inputs.attach``) with the earlier run's plan as a fact
+    (its plan.json, in its run directory, holds the whole plan)."""
+    earlier = result.get("ansible_facts", {}).get("_ddp_job_plan")
+    if earlier:
+        path = str(Path(earlier["run_dir"], PLAN_FILE))
+        result["ansible_facts"]["_ddp_job_plan"] = fact(earlier, path)
+    return result
 
 
 def whole(given: Mapping[str, Any]) -> dict[str, Any]:
