@@ -22,11 +22,6 @@ def test_hccl_ports_are_reserved_and_earlier_reservations_kept(host, name):
     assert host.sysctl("net.ipv4.ip_local_reserved_ports") == EXPECTED_RESERVED[name]
 
 
-@pytest.mark.parametrize("key", ["net.core.somaxconn", "net.ipv4.tcp_max_syn_backlog"])
-def test_connection_backlog_is_raised(host, key):
-    assert host.sysctl(key) == 65535
-
-
 def test_settings_persist_in_sysctl_d(host, name):
     conf = host.file(SYSCTL_FILE)
     assert conf.is_file
@@ -38,19 +33,16 @@ def test_settings_persist_in_sysctl_d(host, name):
     }
     assert lines == {
         f"net.ipv4.ip_local_reserved_ports={EXPECTED_RESERVED[name]}",
-        "net.core.somaxconn=65535",
-        "net.ipv4.tcp_max_syn_backlog=65535",
     }
 
 
 def test_the_file_alone_restores_the_settings(host, name):
     """A reboot applies only the file: reset the live values, load the file, read them back."""
-    reset = host.run("sysctl -w net.ipv4.ip_local_reserved_ports= net.core.somaxconn=128")
+    reset = host.run("sysctl -w net.ipv4.ip_local_reserved_ports=")
     assert reset.rc == 0, reset.stderr
     load = host.run(f"sysctl -p {SYSCTL_FILE}")
     assert load.rc == 0, load.stderr
     assert host.sysctl("net.ipv4.ip_local_reserved_ports") == EXPECTED_RESERVED[name]
-    assert host.sysctl("net.core.somaxconn") == 65535
 
 
 def test_chips_were_counted_with_npu_smi(host):
