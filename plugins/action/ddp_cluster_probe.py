@@ -25,7 +25,7 @@ from ansible.utils.display import Display
 
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster.inventory import drift, fanout
+from ddp_cluster.inventory import drift
 from ddp_cluster.inventory.hostvars import plain
 from ddp_cluster.server import state
 
@@ -35,7 +35,7 @@ PARSE = lambda out: (state.complete(out), state.digests(out), state.describe(out
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("mode", "nodes", "force", "converged", "failed", "reason"))
+    _VALID_ARGS = frozenset(("mode", "nodes", "force", "check", "converged", "failed", "reason"))
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result, args, variables = super().run(tmp, task_vars), self._task.args, task_vars or {}
@@ -50,15 +50,11 @@ class ActionModule(ActionBase):
                 found[name] = plain(hostvars[node][name])
         connection_loader.get("ssh", class_only=True)  # its settings are known once the plugin is loaded
         option = partial(C.config.get_config_value, plugin_type="connection", plugin_name="ssh")
-        ssh = {
-            "ssh_args": option("ssh_args") or "",
-            "control_path_dir": option("control_path_dir"),
-            "timeout": int(C.DEFAULT_TIMEOUT),
-        }
-        scripts = {n: state.script(drift.probe_spec(n, raw[n], entries[n])) for n in ([] if force else nodes)}
-        jobs = [fanout.job(n, raw[n], "/bin/sh -s", text, **ssh) for n, text in scripts.items()]
-        answers = {n: (r.rc, r.stdout, r.stderr) for n, r in fanout.run_all(jobs).items()}
-        probes = drift.probe_all([j.name for j in jobs], lambda _: answers, PARSE)
+        ssh = {name: option(name) or "" for name in ("ssh_args", "control_path_dir")}
+        asked = [] if force else nodes
+        probes = drift.probe_nodes(
+            asked, raw, entries, state.script, PARSE, timeout=int(C.DEFAULT_TIMEOUT), **ssh
+        )
         states = {n: drift.read_state(records, n) for n in nodes}
         found = drift.survey(nodes, entries, fact, states, probes, meaning=state.MEANING, force=force)
         if mode == "record":
@@ -68,12 +64,13 @@ class ActionModule(ActionBase):
             written = drift.record(records, found, states, failed, str(args.get("reason") or "failed"))
             return {**result, "changed": False, "written": written}
         lines = [] if force else found.lines()
-        for line in lines if self._play_context.check_mode or display.verbosity > 0 else []:
+        check = bool(boolean(args.get("check", False)))  # the run's; this task itself runs in check mode off
+        for line in lines if check or display.verbosity > 0 else []:
             display.display(f"drifted: {line}")
         diff = found.diff(states) if self._play_context.diff and lines else {}
         return {
             **result,
-            "changed": False,
+            "changed": check and bool(lines),  # what a check run would change; a run changes nothing here
             "converge": found.converge,
             "lines": lines,
             "diff": diff,

@@ -167,3 +167,22 @@ def test_probe_spec_takes_the_roles_defaults() -> None:
         True,
         [0, 1],
     )
+
+
+def test_probe_nodes_runs_each_nodes_script_where_it_says() -> None:
+    variables = {"a": {"ansible_connection": "local"}, "b": {"ansible_connection": "local"}}
+
+    def script(spec: dict[str, object]) -> str:
+        return "exit 3\n" if spec["container"] == "b" else f"echo {spec['container']}\n"
+
+    probes = drift.probe_nodes(
+        ["a", "b"],
+        variables,
+        {"a": {}, "b": {}},
+        script,  # type: ignore[arg-type]
+        lambda out: (bool(out), {"out": out.strip()}, {}),
+        ssh_args="",
+        control_path_dir="/",
+    )
+    assert probes["a"] == drift.Probe({"out": "a"}, {})
+    assert probes["b"].error == "rc 3: no output"

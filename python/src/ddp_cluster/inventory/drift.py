@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.files import write_atomic
+from ddp_cluster.inventory import fanout
 
 STAGES = ("hosts", "image", "containers", "mesh")
 STATE_SUFFIX = ".state.json"
@@ -339,3 +340,27 @@ def record(
         if write_state(directory, node, failed_state(read_state(directory, node), reason)):
             written.append(node)
     return written
+
+
+def probe_nodes(
+    nodes: Sequence[str],
+    variables: Mapping[str, Mapping[str, Any]],
+    entries: Mapping[str, Mapping[str, Any]],
+    script: Callable[[Mapping[str, Any]], str],
+    parse: Callable[[str], tuple[bool, dict[str, str], dict[str, str]]],
+    **ssh: Any,
+) -> dict[str, Probe]:
+    """Probe NODES at once (:mod:`ddp_cluster.inventory.fanout`): each one's SCRIPT(:func:`probe_spec`) run
+    through ``/bin/sh -s`` where its VARIABLES say (ssh as Ansible, or here), its output read by PARSE."""
+    jobs = [
+        fanout.job(
+            node,
+            variables[node],
+            "/bin/sh -s",
+            script(probe_spec(node, variables[node], entries[node])),
+            **ssh,
+        )
+        for node in nodes
+    ]
+    answers = {name: (done.rc, done.stdout, done.stderr) for name, done in fanout.run_all(jobs).items()}
+    return probe_all(list(nodes), lambda _: answers, parse)
