@@ -26,14 +26,23 @@ class Piped:
 class Fleet:
     """Relays on pipes; ``dead`` nodes read their first line and then vanish (their session ends)."""
 
-    def __init__(self, dead: Sequence[str] = (), unreachable: Sequence[str] = ()) -> None:
+    def __init__(
+        self, dead: Sequence[str] = (), unreachable: Sequence[str] = (), mute: Sequence[str] = ()
+    ) -> None:
         self.dead = set(dead)
         self.unreachable = set(unreachable)
+        self.mute = set(mute)  # relays that take every line and answer none
         self.sessions: dict[str, int] = {}  # node -> sessions it opened
+        self.ran: list[str] = []  # the nodes that ran a command
         self.lock = threading.Lock()
 
     def local(self, node: str) -> tree.RunLocal:
-        return lambda command, timeout: (0, f"{node}: {command}\n")
+        def run(command: str, timeout: float) -> tuple[int, str]:
+            with self.lock:
+                self.ran.append(node)
+            return 0, f"{node}: {command}\n"
+
+        return run
 
     def spawn(self, parent: str) -> tree.Spawn:
         def spawn(child: str, subtree: Sequence[str]) -> tree.Session:
@@ -55,6 +64,12 @@ class Fleet:
             source.readline()
             sink.close()
             source.close()
+            return
+        if me in self.mute:
+            for line in source:
+                if line.startswith("end"):
+                    break
+            sink.close()
             return
         tree.serve(subtree, source, sink, self.spawn(me), self.local(me))
 
@@ -137,3 +152,32 @@ def test_the_relay_runs_as_a_process_on_its_node() -> None:
         check=True,
     )
     assert done.stdout == f"done 7 n9 3 {tree.encode('hi' + chr(10))}\n"
+
+
+def test_a_command_for_some_nodes_runs_on_those_only() -> None:
+    fleet = Fleet()
+    nodes, root = make(100, fleet)
+    some = [*nodes[7::9], "n0"]
+    try:
+        answers = root.run_all("pkill -KILL x", some)
+    finally:
+        root.close()
+    assert answers == {node: (0, f"{node}: pkill -KILL x\n") for node in some}
+    assert sorted(fleet.ran) == sorted(some)
+
+
+def test_a_subtree_that_does_not_answer_in_time_and_a_node_outside_the_tree_are_run_flat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tree, "SLACK", 0.5)
+    fleet = Fleet(mute=["n1"])
+    nodes = [f"n{index}" for index in range(40)]
+    root = tree.Tree(nodes, fleet.spawn("n0"), flat, fleet.local("n0"), timeout=0.2)
+    try:
+        answers = root.run_all("true", [*nodes, "n99"])
+    finally:
+        root.close()
+    subtree = tree.split(nodes[1:])[0]
+    assert subtree[0] == "n1" and len(subtree) == 2
+    assert {node for node, (_, out) in answers.items() if "(flat)" in out} == {*subtree, "n99"}
+    assert all(answers[node] == (0, f"{node}: true\n") for node in nodes if node not in subtree)

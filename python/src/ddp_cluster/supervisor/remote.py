@@ -6,8 +6,11 @@ files handed out to many nodes at once, and the one way the job's processes are 
 The ssh sessions are the mesh's (host keys pinned, the cluster's port and key from the node's ssh config),
 ``POOL`` of them in flight at a time. Commands share one TCP connection per node (the mesh's ssh config:
 ControlMaster, ControlPersist), so that a sweep of every node costs a session each, not a handshake each; a
-probe, which judges whether a node answers, opens its own (``ControlPath=none``). Tests put a stand-in in its
-place.
+probe, which judges whether a node answers, opens its own (``ControlPath=none``). Past ``TREE_ABOVE`` nodes
+the sweeps of every node (:meth:`Mesh.counts`, :meth:`Mesh.leftover`, :meth:`Mesh.sweep`, :meth:`Mesh.run_on`)
+go down a tree of persistent relay sessions (supervisor.tree: this node holds at most RADIX of them, opened
+once for the job) instead of one ssh session per node from this node; a node the tree could not answer is
+asked over flat ssh, so the answers are the same either way. Tests put a stand-in in its place.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ddp_cluster.job import node_jobs
+from ddp_cluster.supervisor import tree
 from ddp_cluster.supervisor.failures import Failure
 from ddp_cluster.supervisor.liveness import probe_verdict
 
@@ -33,6 +38,9 @@ POOL = 64
 STOP_GRACE = 3.0
 DISTRIBUTE_TIMEOUT = 300
 COMMAND_TIMEOUT = 30
+# Sweeps of more nodes than this go down the tree: the local clusters (2-40 nodes) keep one ssh per node (a
+# session each on the shared connections); past it, POOL-wide rounds of sessions from one node add up.
+TREE_ABOVE = 64
 
 
 def pattern(tag: str) -> str:
@@ -44,9 +52,24 @@ def pattern(tag: str) -> str:
 class Mesh:
     """Commands on the job's nodes: ``me`` (this node) runs them in a shell, the others over ssh."""
 
-    def __init__(self, me: str, ssh_timeout: int = 3) -> None:
+    tree_above = TREE_ABOVE
+
+    def __init__(
+        self,
+        me: str,
+        ssh_timeout: int = 3,
+        tree_above: int | None = None,
+        spawn: tree.Spawn | None = None,
+    ) -> None:
         self.me = me
         self.ssh_timeout = ssh_timeout
+        if tree_above is not None:
+            self.tree_above = tree_above
+        # How a relay is started on a child node (tests: in this process); the tree itself once, at the first
+        # sweep past tree_above, over that sweep's nodes, kept for the job's life.
+        self.spawn = spawn or tree.ssh_spawn(ssh_timeout, node_jobs.NODE_ENV)
+        self.tree: tree.Tree | None = None
+        self.tree_lock = threading.Lock()
 
     def ssh(self, node: str, *options: str) -> list[str]:
         return ["ssh", "-o", f"ConnectTimeout={self.ssh_timeout}", "-o", "BatchMode=yes", *options, node]
@@ -135,31 +158,60 @@ class Mesh:
         said = (done.stderr or done.stdout).decode("utf-8", errors="replace").strip().splitlines()
         return (said[-1][:300] if said else "") or f"ssh exited with status {done.returncode}"
 
+    def run_on(self, nodes: Sequence[str], command: str, pool: ThreadPoolExecutor) -> dict[str, str]:
+        """Node -> ``command``'s output there ('' where the node did not answer), on every node of ``nodes``
+        at once: ``pool``'s ssh sessions, or past ``tree_above`` nodes the tree's."""
+        if len(nodes) > self.tree_above and (relays := self._tree(nodes)) is not None:
+            return {node: out for node, (_, out) in relays.run_all(command, nodes).items()}
+        return dict(zip(nodes, pool.map(lambda node: self.run(node, command), nodes), strict=True))
+
+    def close(self) -> None:
+        """End the tree's relays (once the commands under way answered); without it they end with this
+        process, whose end closes their sessions."""
+        with self.tree_lock:
+            relays, self.tree = self.tree, None
+        if relays is not None:
+            relays.close()
+
+    def _tree(self, nodes: Sequence[str]) -> tree.Tree | None:
+        """The job's tree, made at its first sweep over that sweep's nodes (this node its root); None when
+        no relay could be started (the sweep goes flat). A later sweep's nodes outside it are asked flat."""
+        with self.tree_lock:
+            if self.tree is None:
+                order = [self.me, *(node for node in dict.fromkeys(nodes) if node != self.me)]
+                relays = tree.Tree(
+                    order,
+                    self.spawn,
+                    lambda node, command: (0, self.run(node, command)),
+                    lambda command, timeout: (0, self.run(self.me, command)),
+                    timeout=COMMAND_TIMEOUT,
+                )
+                if relays.relay.children and all(child.broken for child in relays.relay.children):
+                    return None
+                self.tree = relays
+            return self.tree
+
     def sweep(
         self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor, grace: float = STOP_GRACE
     ) -> None:
         """Stop the processes whose command lines hold ``tag`` on ``nodes``: one TERM sweep of every node, one
         grace for all, then a KILL sweep of the nodes where something was left. The grace is paid once (not
         once per node, pool threads at a time), and not at all when nothing was left."""
-        term = f"pkill -TERM -f -- '{pattern(tag)}' && echo left; true"
-        found = pool.map(lambda node: self.run(node, term), nodes)
-        left = [node for node, out in zip(nodes, found, strict=True) if "left" in out]
+        found = self.run_on(nodes, f"pkill -TERM -f -- '{pattern(tag)}' && echo left; true", pool)
+        left = [node for node, out in found.items() if "left" in out]
         if left:
             time.sleep(grace)
-            list(pool.map(lambda node: self.run(node, f"pkill -KILL -f -- '{pattern(tag)}'; true"), left))
+            self.run_on(left, f"pkill -KILL -f -- '{pattern(tag)}'; true", pool)
 
     def leftover(self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor) -> dict[str, str]:
         """Node -> the processes whose command lines hold ``tag`` there (the nodes with none left out)."""
-        found = pool.map(lambda node: self.run(node, f"pgrep -a -f -- '{pattern(tag)}' || true"), nodes)
-        return {node: out.strip() for node, out in zip(nodes, found, strict=True) if out and out.strip()}
+        found = self.run_on(nodes, f"pgrep -a -f -- '{pattern(tag)}' || true", pool)
+        return {node: out.strip() for node, out in found.items() if out and out.strip()}
 
     def counts(self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor) -> dict[str, int]:
         """Node -> how many processes hold ``tag`` there (-1: the node did not say)."""
-        found = pool.map(lambda node: self.run(node, f"pgrep -c -f -- '{pattern(tag)}' || true"), nodes)
-        return {
-            node: int(text.strip()) if text.strip().isdigit() else -1
-            for node, text in zip(nodes, found, strict=True)
-        }
+        found = self.run_on(nodes, f"pgrep -c -f -- '{pattern(tag)}' || true", pool)
+        return {node: int(text.strip()) if text.strip().isdigit() else -1 for node, text in found.items()}
 
     def jobs_on(self, node: str, jobs_dir: str) -> list[str] | None:
         """The jobs that run on ``node`` (its ddp_cluster.supervisor.jobs says); None when it did not say."""

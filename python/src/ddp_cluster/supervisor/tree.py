@@ -5,16 +5,18 @@ sweep of 1152 nodes then costs the first node 32 sessions opened once for the jo
 
 The lines, one per message (UTF-8; the command and its output in base64, so that a line is a line):
 
-* down: ``run ID CMD`` runs CMD (``/bin/sh -c``) on every node of the subtree; ``end`` ends the relay.
+* down: ``run ID CMD [NODES]`` runs CMD (``/bin/sh -c``) on every node of the subtree, or only on those of
+  NODES (their names, space-separated, in base64); ``end`` ends the relay.
 * up: ``done ID NODE RC OUT``, one per node of the subtree (RC -1: the command ran past its bound).
 
 A relay whose session to a child ended (the child, or the ssh between them, died) answers for every node of
 that child's subtree at once with :data:`BROKEN` and its words, for the commands under way and for those
-after: the root (:class:`Tree`) runs them over flat ssh (its ``fallback``), so a broken subtree costs time,
-not answers. Whether a node is alive is not this module's call: the liveness watch (supervisor.liveness)
-keeps a login of its own per watched node.
+after: the root (:class:`Tree`) runs them over flat ssh (its ``fallback``), as it does for a node whose
+answer did not come within the bound, so a broken subtree costs time, not answers. Whether a node is alive
+is not this module's call: the liveness watch (supervisor.liveness) keeps a login of its own per watched
+node.
 
-    python -m ddp_cluster.supervisor.tree --relay NODE [NODE ...]
+    python -m ddp_cluster.supervisor.tree [--env FILE] [--connect-timeout S] --relay NODE [NODE ...]
 
 runs the relay of the first NODE (this node) for the subtree NODE... (started over ssh by its parent).
 Standard library only.
@@ -29,7 +31,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
@@ -40,6 +43,10 @@ COMMAND_TIMEOUT = 30
 BROKEN = 255
 # The words a relay sends with BROKEN (the root runs these nodes' commands over flat ssh).
 BROKEN_WORDS = "the relay's session to "
+# Seconds past a command's bound that its answers may take to come up the tree.
+SLACK = 5.0
+# Flat ssh sessions the root keeps in flight for the nodes the tree could not answer.
+FALLBACK_POOL = 64
 
 
 class Session(Protocol):
@@ -98,13 +105,17 @@ def run_here(command: str, timeout: float) -> tuple[int, str]:
     return done.returncode, done.stdout
 
 
-def ssh_spawn(ssh: Sequence[str] = ("ssh", "-T", "-o", "BatchMode=yes")) -> Spawn:
-    """Start a child's relay over the mesh's ssh (its shared connection: a session, not a login)."""
+def ssh_spawn(connect_timeout: int = 3, env: str = "") -> Spawn:
+    """Start a child's relay over the mesh's ssh (its shared connection: a session, not a login). ``env``: a
+    shell file the node's commands source first (the node's python and package), passed on down the tree."""
+    ssh = ("ssh", "-T", "-o", f"ConnectTimeout={connect_timeout}", "-o", "BatchMode=yes")
+    options = ["--connect-timeout", str(connect_timeout), *(["--env", env] if env else [])]
 
     def spawn(child: str, subtree: Sequence[str]) -> Session:
-        remote = " ".join(
-            shlex.quote(word) for word in ("python", "-m", "ddp_cluster.supervisor.tree", "--relay", *subtree)
-        )
+        words = ("python", "-m", "ddp_cluster.supervisor.tree", *options, "--relay", *subtree)
+        remote = " ".join(shlex.quote(word) for word in words)
+        if env:
+            remote = f". {shlex.quote(env)} && exec {remote}"
         return subprocess.Popen(
             [*ssh, child, remote],
             stdin=subprocess.PIPE,
@@ -154,17 +165,24 @@ class Relay:
                 continue
             threading.Thread(target=self._read, args=(child,), daemon=True).start()
 
-    def run(self, ident: str, command: str) -> None:
-        """Run ``command`` on every node of the subtree (answers come through ``up``)."""
-        line = f"run {ident} {encode(command)}\n"
+    def run(self, ident: str, command: str, only: Collection[str] | None = None) -> None:
+        """Run ``command`` on every node of the subtree, or on those of ``only`` (answers come through
+        ``up``)."""
         for child in self.children:
+            targets = child.subtree if only is None else [node for node in child.subtree if node in only]
+            if not targets:
+                continue
+            line = f"run {ident} {encode(command)}"
+            line += "\n" if only is None else f" {encode(' '.join(targets))}\n"
             with self.lock:
                 if not child.broken:
-                    child.pending[ident] = set(child.subtree)
+                    child.pending[ident] = set(targets)
                     if self._send(child, line):
                         continue
                 broken = child.broken
-            self._answer_broken(ident, child.subtree, broken)
+            self._answer_broken(ident, targets, broken)
+        if only is not None and self.me not in only:
+            return
         here = threading.Thread(target=self._run_here, args=(ident, command), daemon=True)
         here.start()
         with self.lock:
@@ -172,7 +190,7 @@ class Relay:
 
     def end(self) -> None:
         """End the children's relays once the commands under way answered (within the bound)."""
-        deadline = time.monotonic() + self.timeout + 5
+        deadline = time.monotonic() + self.timeout + SLACK
         with self.lock:
             running = list(self.running)
         for thread in running:
@@ -243,38 +261,46 @@ class Tree:
         self.fallback = fallback
         self.timeout = timeout
         self.lock = threading.Lock()
-        self.waiting: dict[str, tuple[dict[str, tuple[int, str]], threading.Event]] = {}
+        self.index = set(self.nodes)
+        # command id -> (answers so far, how many are awaited, set when all came)
+        self.waiting: dict[str, tuple[dict[str, tuple[int, str]], int, threading.Event]] = {}
         self.count = 0
         self.relay = Relay(self.nodes, self._up, spawn, run_local, radix, timeout)
 
     def run_all(self, command: str, nodes: Sequence[str] | None = None) -> dict[str, tuple[int, str]]:
-        """Node -> (rc, output) for every node of ``nodes`` (default: all; the command runs on every node of
-        the tree, ``nodes`` picks the answers); (-1, '') for a node that did not answer within the bound."""
-        wanted = list(self.nodes if nodes is None else nodes)
-        with self.lock:
-            self.count += 1
-            ident = str(self.count)
-            answers: dict[str, tuple[int, str]] = {}
-            event = threading.Event()
-            self.waiting[ident] = (answers, event)
-        self.relay.run(ident, command)
-        event.wait(self.timeout + 5)
-        with self.lock:
-            del self.waiting[ident]
-            got = dict(answers)
-        broken = [
-            node for node in wanted if got.get(node, (0, ""))[0] == BROKEN and self._broke(got[node][1])
-        ]
-        for node in broken:
-            got[node] = self.fallback(node, command)
-        return {node: got.get(node, (-1, "")) for node in wanted}
+        """Node -> (rc, output) for every node of ``nodes`` (default: all of the tree's), the command run on
+        those nodes only. A node whose answer could not come along the tree (a broken session on its way, no
+        answer within the bound, not one of the tree's nodes) is run through ``fallback``, those all at once.
+        """
+        wanted = list(dict.fromkeys(self.nodes if nodes is None else nodes))
+        only = None if nodes is None else {node for node in wanted if node in self.index}
+        expected = len(self.nodes) if only is None else len(only)
+        got: dict[str, tuple[int, str]] = {}
+        if expected:
+            with self.lock:
+                self.count += 1
+                ident = str(self.count)
+                answers: dict[str, tuple[int, str]] = {}
+                event = threading.Event()
+                self.waiting[ident] = (answers, expected, event)
+            self.relay.run(ident, command, only)
+            event.wait(self.timeout + SLACK)
+            with self.lock:
+                del self.waiting[ident]
+                got = dict(answers)
+        again = [node for node in wanted if node not in got or self._broke(*got[node])]
+        if again:
+            with ThreadPoolExecutor(max_workers=min(FALLBACK_POOL, len(again))) as pool:
+                flat = pool.map(lambda node: self.fallback(node, command), again)
+                got.update(zip(again, flat, strict=True))
+        return {node: got[node] for node in wanted}
 
     def close(self) -> None:
         self.relay.end()
 
     @staticmethod
-    def _broke(out: str) -> bool:
-        return out.startswith(BROKEN_WORDS)
+    def _broke(rc: int, out: str) -> bool:
+        return rc == BROKEN and out.startswith(BROKEN_WORDS)
 
     def _up(self, line: str) -> None:
         words = line.split()
@@ -284,9 +310,9 @@ class Tree:
             found = self.waiting.get(words[1])
             if found is None:
                 return
-            answers, event = found
+            answers, expected, event = found
             answers[words[2]] = (int(words[3]), decode(words[4]))
-            if len(answers) >= len(self.nodes):
+            if len(answers) >= expected:
                 event.set()
 
 
@@ -307,8 +333,8 @@ def serve(subtree: Sequence[str], source: IO[str], sink: IO[str], spawn: Spawn, 
         words = line.split()
         if words[:1] == ["end"]:
             break
-        if len(words) == 3 and words[0] == "run":
-            relay.run(words[1], decode(words[2]))
+        if len(words) in (3, 4) and words[0] == "run":
+            relay.run(words[1], decode(words[2]), set(decode(words[3]).split()) if len(words) == 4 else None)
     relay.end()  # after the answers under way went up
 
 
@@ -317,8 +343,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--relay", nargs="+", required=True, metavar="NODE", help="this node, then its subtree"
     )
+    parser.add_argument("--env", default="", help="shell file a child's relay sources first")
+    parser.add_argument("--connect-timeout", type=int, default=3, help="ssh's ConnectTimeout to a child")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    serve(args.relay, sys.stdin, sys.stdout, ssh_spawn(), run_here)
+    serve(args.relay, sys.stdin, sys.stdout, ssh_spawn(args.connect_timeout, args.env), run_here)
     return 0
 
 
