@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import pytest
@@ -181,3 +182,40 @@ def test_a_subtree_that_does_not_answer_in_time_and_a_node_outside_the_tree_are_
     assert subtree[0] == "n1" and len(subtree) == 2
     assert {node for node, (_, out) in answers.items() if "(flat)" in out} == {*subtree, "n99"}
     assert all(answers[node] == (0, f"{node}: true\n") for node in nodes if node not in subtree)
+
+
+def test_relays_started_over_ssh_source_the_node_env_and_pass_it_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An ssh stand-in that runs the remote command here: the relays are real processes, each child's started
+    # by its parent's ssh_spawn with the options main() passes down (a tree two levels deep at radix 3).
+    import sys
+
+    ssh = tmp_path / "bin" / "ssh"
+    ssh.parent.mkdir()
+    log = tmp_path / "ssh.log"
+    ssh.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\nwhile [ $# -gt 2 ]; do shift; done\nexec /bin/sh -c "$2"\n'
+    )
+    ssh.chmod(0o755)
+    env = tmp_path / "env.sh"
+    source = Path(tree.__file__).parents[2]
+    env.write_text(
+        f"export PATH={ssh.parent}:{Path(sys.executable).parent}:$PATH PYTHONPATH={source}\n"
+        "export NODE_ENV_READ=yes\n"
+    )
+    nodes = [f"n{index}" for index in range(10)]
+    monkeypatch.setenv("PATH", f"{ssh.parent}:{os.environ['PATH']}")
+    root = tree.Tree(nodes, tree.ssh_spawn(7, str(env)), flat, tree.run_here, radix=3, timeout=20)
+    try:
+        answers = root.run_all("echo $NODE_ENV_READ")
+        some = root.run_all("echo again", ["n0", "n9"])
+    finally:
+        root.close()
+    assert answers == {"n0": (0, "\n"), **{node: (0, "yes\n") for node in nodes[1:]}}
+    assert some == {"n0": (0, "again\n"), "n9": (0, "again\n")}
+    lines = log.read_text().splitlines()
+    assert len(lines) == len(nodes) - 1  # a session per node, once
+    assert all(line.startswith("-T -o ConnectTimeout=7 -o BatchMode=yes n") for line in lines)
+    relay = f". {env} && exec python -m ddp_cluster.supervisor.tree --connect-timeout 7 --env {env}"
+    assert all(relay in line for line in lines)

@@ -188,9 +188,10 @@ class Relay:
         with self.lock:
             self.running = [thread for thread in self.running if thread.is_alive()] + [here]
 
-    def end(self) -> None:
-        """End the children's relays once the commands under way answered (within the bound)."""
-        deadline = time.monotonic() + self.timeout + SLACK
+    def end(self, wait: bool = True) -> None:
+        """End the children's relays once the commands under way answered (within the bound); at once without
+        ``wait`` (the root: nobody reads an answer that did not come by its command's end)."""
+        deadline = time.monotonic() + (self.timeout + SLACK if wait else 0.0)
         with self.lock:
             running = list(self.running)
         for thread in running:
@@ -296,7 +297,8 @@ class Tree:
         return {node: got[node] for node in wanted}
 
     def close(self) -> None:
-        self.relay.end()
+        """End the relays: each ends its children's once its own commands answered."""
+        self.relay.end(wait=False)
 
     @staticmethod
     def _broke(rc: int, out: str) -> bool:
