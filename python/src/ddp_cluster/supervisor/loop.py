@@ -409,6 +409,7 @@ class Supervisor:
             self.telemetry.stop()
             self.drain_after_gate()
             self.release_claims()
+            self.mesh.close()
 
     def take_over(self, first: str) -> int:
         """The job, taken over on this node (its standby) after its first node ``first`` was lost: what is
@@ -423,7 +424,7 @@ class Supervisor:
         mark = standby.mark_owner(str(self.job_dir), self.me)
         try:
             with self.pool() as pool:
-                list(pool.map(lambda node: self.mesh.run(node, mark), survivors))
+                self.mesh.run_on(survivors, mark, pool)
                 self.mesh.sweep(survivors, self.tag, pool)
                 failure = lost_nodes([first])
                 failure.reason = (
@@ -446,6 +447,7 @@ class Supervisor:
         finally:
             self.telemetry.stop()
             self.release_claims()
+            self.mesh.close()
 
     def keep_copies(self, failure: Failure) -> None:
         """A job that ends after its first node was lost: say where the checkpoint copies are kept."""
