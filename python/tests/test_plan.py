@@ -506,3 +506,35 @@ def test_in_check_mode_the_fact_names_a_plan_outside_runs(tmp_path: Path) -> Non
     attached = plan.attached_fact({"ansible_facts": {"_ddp_job_plan": {**whole, "attach": True}}})
     path = f"{made.run_dir}/{plan.PLAN_FILE}"
     assert attached["ansible_facts"]["_ddp_job_plan"] == plan.fact({**whole, "attach": True}, path)
+
+
+NOT_CONVERGED = "unreachable in containers: Connection refused (site.yml, 2026-11-26T13:00:00Z)"
+
+
+def test_a_node_site_yml_did_not_converge_is_passed_over_and_named(tmp_path: Path) -> None:
+    nodes = ("s0", "s1", "s2", "s3")
+    inv = inventory(tmp_path, nodes, unconverged={"s1": NOT_CONVERGED}, drained={"s0": DRAINED})
+    made = make(tmp_path, inv, nodes="2", max_restarts="1")
+    assert list(made.spec.nodes) == ["s2", "s3"] and list(made.spec.spares) == []
+    said = "\n".join(made.lines())
+    assert "skipped drained node(s): s0 (drained since" in said and "s1" not in said.split("skipped s1")[0]
+    assert (
+        "skipped s1 (not converged by the last site.yml: unreachable in containers: Connection refused"
+        " (site.yml, 2026-11-26T13:00:00Z); run site.yml again for it)"
+    ) in said
+
+
+def test_an_unconverged_node_is_no_spare(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, ("s0", "s1", "s2"), unconverged={"s2": NOT_CONVERGED})
+    made = make(tmp_path, inv, nodes="2", max_restarts="1")
+    assert list(made.spec.nodes) == ["s0", "s1"] and list(made.spec.spares) == [] and made.skipped == {}
+
+
+def test_too_few_converged_nodes_is_refused_naming_them_and_site_yml(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, ("s0", "s1"), unconverged={"s1": NOT_CONVERGED})
+    said = refused(tmp_path, inv, nodes="2")
+    assert (
+        "nodes=2 but only 1 of the inventory's 2 undrained nodes were converged by the last site.yml (s0)"
+    ) in said
+    assert f"not converged: s1 ({NOT_CONVERGED}). Run site.yml again for them" in said
+    assert "Nothing was started" in said

@@ -36,7 +36,15 @@ from ddp_cluster.ascend import ranktable
 from ddp_cluster.job import node_jobs, secrets
 from ddp_cluster.job import spec as job
 from ddp_cluster.job.bundle import BUNDLE, PLAN_FILE, WORKDIR_ARCHIVE, load, pack_project, write_files
-from ddp_cluster.job.records import RECORDS_DIR, NodeRecord, node_record, read_records
+from ddp_cluster.job.records import (
+    NOT_CONVERGED,
+    RECORDS_DIR,
+    NodeRecord,
+    node_record,
+    read_records,
+    unconverged,
+    unconverged_reason,
+)
 from ddp_cluster.job.request import (
     NUMBER,
     PREFIX,
@@ -66,6 +74,7 @@ __all__ = [
     "make_plan",
     "ping_targets",
     "read_records",
+    "unconverged",
     "whole",
     "write_files",
 ]
@@ -157,6 +166,9 @@ class Inventory:
     # (they did not answer; their own check before the start refuses a drained one).
     drained: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     drain_unknown: Sequence[str] = ()
+    # The nodes the last site.yml did not converge (node -> why: job.records.unconverged): passed over as
+    # drained ones are, until site.yml converges them.
+    unconverged: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -225,12 +237,16 @@ class Plan:
         if self.resume_checkpoint:
             line += f", resuming from {self.resume_checkpoint}"
         lines = [line]
-        if self.skipped:
-            passed = "; ".join(f"{node} ({why})" for node, why in self.skipped.items())
+        drained = {node: why for node, why in self.skipped.items() if not why.startswith(NOT_CONVERGED)}
+        if drained:
+            passed = "; ".join(f"{node} ({why})" for node, why in drained.items())
             lines.append(
                 f"{self.label} {spec.id}: skipped drained node(s): {passed}."
                 " ansible-playbook jobs.yml -e undrain=NODE gives one back"
             )
+        if len(drained) < len(self.skipped):
+            passed = "; ".join(f"{node} ({why})" for node, why in self.skipped.items() if node not in drained)
+            lines.append(f"{self.label} {spec.id}: skipped {passed}")
         if self.drain_unknown:
             lines.append(
                 f"{self.label} {spec.id}: could not read whether {named(self.drain_unknown)} is drained"
@@ -502,12 +518,27 @@ def choose_nodes(inventory: Inventory, count: int, job_id: str) -> tuple[list[st
                 f" ask for fewer nodes. Nothing was started (job {job_id})"
             ]
         )
-    nodes = undrained[:count]
+    converged = [node for node in undrained if node not in inventory.unconverged]
+    if count > len(converged):
+        passed = "; ".join(
+            f"{node} ({inventory.unconverged[node]})" for node in undrained if node in inventory.unconverged
+        )
+        raise PlanError(
+            [
+                f"nodes={count} but only {len(converged)} of the inventory's {len(undrained)} undrained nodes"
+                f" were converged by the last site.yml ({', '.join(converged) or 'none'}); not converged:"
+                f" {passed}. Run site.yml again for them, or ask for fewer nodes. Nothing was started (job"
+                f" {job_id})"
+            ]
+        )
+    nodes = converged[:count]
     last = inventory.nodes.index(nodes[-1]) if nodes else -1
     skipped = {
         node: node_jobs.describe_drained(inventory.drained[node])
-        for node in inventory.nodes[:last]
         if node in inventory.drained
+        else unconverged_reason(inventory.unconverged[node])
+        for node in inventory.nodes[:last]
+        if node in inventory.drained or node in inventory.unconverged
     }
     return nodes, skipped
 
@@ -542,7 +573,11 @@ def make_plan(
     spares = [
         node
         for node in inventory.nodes[inventory.nodes.index(nodes[-1]) + 1 :]
-        if node in inventory.records and node not in inventory.drained and not gate and asked.max_restarts
+        if node in inventory.records
+        and node not in inventory.drained
+        and node not in inventory.unconverged
+        and not gate
+        and asked.max_restarts
     ]
     for node in spares:
         records[node] = NodeRecord.from_dict(node, inventory.records[node])
