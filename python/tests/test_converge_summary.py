@@ -124,7 +124,7 @@ def test_a_run_stopped_by_max_fail_percentage_converged_none_and_says_why() -> N
     made.no_hosts_remaining()  # Ansible says it again at the end: the first stage is the one that stopped
     assert made.line({"sim-server3": 1}, {}, {}) == (
         "site.yml: 0 of 4 servers converged (the run stopped in image: more than 10% of its servers failed"
-        " (max_fail_percentage; -e max_fail_percentage=N allows more)); failed: sim-server3 (image: Pull the"
+        " (max_fail_percentage; -e max_fail_percent=N allows more)); failed: sim-server3 (image: Pull the"
         " image: manifest unknown); 3 others stopped with them; fix the failures and run site.yml again"
     )
 

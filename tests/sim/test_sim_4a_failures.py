@@ -6,7 +6,7 @@ Runs after test_sim_4_preflight.py (the cluster converged and in use) and before
 server is lost as a real one is, for the controller: every packet to its sshd answered by a reset (an
 iptables rule on the server), which also ends Ansible's open connection to it, inserted when the containers
 stage starts. ``-e converge=all`` takes both servers through (a warm run would take none);
-``-e max_fail_percentage=50``: at 2 servers one failure is half of them."""
+``-e max_fail_percent=50``: at 2 servers one failure is half of them."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def site_losing_a_server(within: float = 600) -> tuple[int, str]:
     starts. Its exit status and output."""
     command = [
         *(str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(SIM), "site.yml"),
-        *("-e", "converge=all", "-e", "max_fail_percentage=50"),
+        *("-e", "converge=all", "-e", "max_fail_percent=50"),
     ]
     playbook = subprocess.Popen(
         command,

@@ -138,7 +138,7 @@ def test_fed_a_stop_among_the_drifted_servers_the_others_stay_converged() -> Non
     made.v2_playbook_on_stats(stats({"s1": 1}, {}))
     assert shown.lines == [
         "site.yml: 1 of 3 servers converged (the run stopped in containers: more than 10% of its servers"
-        " failed (max_fail_percentage; -e max_fail_percentage=N allows more)); failed: s1 (containers: Start"
+        " failed (max_fail_percentage; -e max_fail_percent=N allows more)); failed: s1 (containers: Start"
         " the node container: port taken); 1 other stopped with them; fix the failures and run site.yml again"
     ]
 
@@ -159,7 +159,7 @@ def test_fed_a_stop_the_shim_says_the_run_stopped() -> None:
 STAGE = """- name: The {stage} stage
   hosts: nodes
   gather_facts: false
-  max_fail_percentage: "{{{{ max_fail_percentage | default(10) }}}}"
+  max_fail_percentage: "{{{{ max_fail_percent | default(10) }}}}"
   tasks:
 {tasks}
 """
@@ -229,7 +229,7 @@ def site(project: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_real_run_goes_on_without_the_failed_and_unreachable_servers_and_names_them(project: Path) -> None:
-    done = site(project, "-e", "max_fail_percentage=50")
+    done = site(project, "-e", "max_fail_percent=50")
     assert done.returncode == 4, done.stdout + done.stderr  # Ansible's status when a host was unreachable
     assert "containers on h1" in done.stdout and "containers on h3" in done.stdout, done.stdout
     assert "containers on h2" not in done.stdout and "containers on h4" not in done.stdout
@@ -255,7 +255,7 @@ def test_a_real_run_over_max_fail_percentage_stops_and_says_so(project: Path) ->
 
 def test_a_real_run_whose_run_once_task_failed_says_every_server_stopped(project: Path) -> None:
     # Ansible fails every host of the play and ends the playbook, without saying that no hosts remain.
-    done = site(project, "-e", "fail_once=true", "-e", "max_fail_percentage=50")
+    done = site(project, "-e", "fail_once=true", "-e", "max_fail_percent=50")
     assert done.returncode == 2, done.stdout + done.stderr
     last = done.stdout.rstrip().splitlines()[-1]
     assert last.startswith("site.yml: 0 of 4 servers converged (the run stopped in hosts"), done.stdout

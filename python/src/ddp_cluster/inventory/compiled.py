@@ -92,7 +92,18 @@ MAGIC_NAMES = frozenset(
 )
 # Extra vars that steer one run and say nothing of what a node should be.
 RUN_CONTROL_NAMES = frozenset(
-    {"force", "wait", "converge", "nodes", "max_fail_percentage", "job", "job_id", "attach", "follow"}
+    {
+        "force",
+        "wait",
+        "converge",
+        "nodes",
+        "max_fail_percent",
+        "max_fail_percentage",
+        "job",
+        "job_id",
+        "attach",
+        "follow",
+    }
 )
 # The groups site.yml adds the servers to during a run (add_host).
 RUN_GROUP_PREFIX = "ddp_converge"

@@ -145,7 +145,7 @@ class ConvergeSummary:
         elif max_fail_percentage is not None:
             self._stop_reason = (
                 f"more than {max_fail_percentage:g}% of its servers failed (max_fail_percentage; -e"
-                " max_fail_percentage=N allows more)"
+                " max_fail_percent=N allows more)"
             )
         else:
             self._stop_reason = ""
