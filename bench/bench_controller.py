@@ -16,8 +16,11 @@ files start empty):
 - plan: train.yml --check -e nodes=N, up to the job's start (--skip-tags ddp_job_run,ddp_job_collect): the
   plan play (the drained nodes read, the plan made, the nodes grouped) and the job's checks of its nodes: what
   the controller does for a job before a rank starts. Check mode, so no run directory is written and no bundle
-  packed (the pack is one tar of the project, the same at any N). With --stages plan alone no site.yml runs:
-  the servers are seeded as a bring-up leaves them for train.yml (containers running, the nodes' records).
+  packed (the pack is one tar of the project, the same at any N).
+Without bringup in --stages the servers are seeded as a bring-up leaves them (bench/virtual/seed.py: derived
+from a real bring-up of 4 servers, made once per benchmark, and generalised by name, address and host key and
+by the cluster's compiled lists; the state files written by record.yml's action), since a bring-up of 1152
+virtual servers costs the controller over an hour; the figures then say "warm_seeded": true.
 
 Per stage: wall seconds; controller CPU seconds (getrusage(RUSAGE_CHILDREN) around the ansible-playbook run:
 its workers and every process it started are reaped by then); task slots (host x task pairs started, skipped
@@ -29,6 +32,7 @@ Targets (printed, checked where the N was run): warm site.yml on 1152 servers <=
 server at 1152 <= 1.3x that at 128; train.yml's plan on 1152 <= 30 s.
 
     .venv/bin/python bench/bench_controller.py --servers 128,1152 --json FILE [--stages bringup,warm,plan]
+    .venv/bin/python bench/bench_controller.py --servers 128,1152 --stages warm,plan   # seeded servers
         [--forks 64] [--repo PATH] [--keep]
 
 --repo runs another checkout's playbooks and package with this one's stand-ins (a baseline: a git worktree of
@@ -47,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +60,11 @@ from common import table
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 VIRTUAL = HERE / "virtual"
+sys.path.insert(0, str(VIRTUAL))
+
+import seed  # noqa: E402  (bench/virtual: the seed and the virtual servers)
+import server  # noqa: E402
+
 STAGES = ("bringup", "warm", "plan")
 # The tags of train.yml's tasks from the job's start on: the plan stage runs everything before them.
 PLAN_SKIP = "ddp_job_run,ddp_job_collect"
@@ -65,22 +75,28 @@ class BenchError(Exception):
     """A stage failed or did not behave as a warm run must."""
 
 
-def environment(count: int, folder: Path, counts: Path, forks: int, repo: Path) -> dict[str, str]:
+def environment(
+    count: int, folder: Path, counts: Path, forks: int, repo: Path, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     callbacks = os.environ.get("ANSIBLE_CALLBACKS_ENABLED", "ddp_job_interrupt,ddp_cluster_lock")
-    return os.environ | {
-        "DDP_VIRTUAL_SERVERS": str(count),
-        "DDP_VIRTUAL_DIR": str(folder),
-        "DDP_CONTROLLER_COUNTS": str(counts),
-        "HOME": str(folder / "home"),
-        "ANSIBLE_NOCOLOR": "1",
-        # The package of the checkout that runs (the venv's editable install is this one's).
-        "PYTHONPATH": str(repo / "python" / "src"),
-        "ANSIBLE_FORKS": str(forks),
-        # The stand-ins: ddp_virtual, and ddp_docker (the mesh play's connection) answered by it.
-        "ANSIBLE_CONNECTION_PLUGINS": str(HERE / "plugins" / "connection"),
-        "ANSIBLE_CALLBACK_PLUGINS": f"{HERE / 'callbacks'}:{REPO / 'plugins' / 'callback'}",
-        "ANSIBLE_CALLBACKS_ENABLED": f"{callbacks},ddp_controller_counts",
-    }
+    return (
+        os.environ
+        | dict(extra or {})
+        | {
+            "DDP_VIRTUAL_SERVERS": str(count),
+            "DDP_VIRTUAL_DIR": str(folder),
+            "DDP_CONTROLLER_COUNTS": str(counts),
+            "HOME": str(folder / "home"),
+            "ANSIBLE_NOCOLOR": "1",
+            # The package of the checkout that runs (the venv's editable install is this one's).
+            "PYTHONPATH": str(repo / "python" / "src"),
+            "ANSIBLE_FORKS": str(forks),
+            # The stand-ins: ddp_virtual, and ddp_docker (the mesh play's connection) answered by it.
+            "ANSIBLE_CONNECTION_PLUGINS": str(HERE / "plugins" / "connection"),
+            "ANSIBLE_CALLBACK_PLUGINS": f"{HERE / 'callbacks'}:{REPO / 'plugins' / 'callback'}",
+            "ANSIBLE_CALLBACKS_ENABLED": f"{callbacks},ddp_controller_counts",
+        }
+    )
 
 
 def log_lines(folder: Path) -> collections.Counter[str]:
@@ -93,7 +109,14 @@ def log_lines(folder: Path) -> collections.Counter[str]:
 
 
 def run_stage(
-    stage: str, count: int, folder: Path, repo: Path, forks: int, args: list[str]
+    stage: str,
+    count: int,
+    folder: Path,
+    repo: Path,
+    forks: int,
+    args: list[str],
+    *,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     counts = folder / f"counts-{stage}.jsonl"
     before_logs = log_lines(folder)
@@ -102,7 +125,7 @@ def run_stage(
     done = subprocess.run(
         ["nice", str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(VIRTUAL / "hosts.py"), *args],
         cwd=repo,
-        env=environment(count, folder, counts, forks, repo),
+        env=environment(count, folder, counts, forks, repo, env),
         capture_output=True,
         text=True,
         check=False,
@@ -157,41 +180,56 @@ def changed_tasks(output: str, limit: int = 8) -> list[str]:
     return found[:limit]
 
 
-def seed(count: int, folder: Path) -> None:
-    """The servers as a bring-up leaves them for train.yml, without running one: each node container running
-    (its state file) and each node's record on the controller (what the job's plan reads). For the plan stage
-    alone, at sizes where a bring-up would take the controller an hour."""
-    sys.path.insert(0, str(VIRTUAL))
-    import server
-
-    os.environ["DDP_VIRTUAL_DIR"] = str(folder)
-    records = folder / "home" / ".ddp-cluster" / "virtual" / "nodes"
-    records.mkdir(parents=True)
-    for index in range(count):
-        host = f"vs{index}"
-        state = server.load(host)
-        state["generation"] = 1
-        state["container"] = {"spec": "{}", "running": True, "ssh_port": "12345"}
-        server.save(host, state)
-        record = {
-            "address": f"{server.address_of(index)}/16",
-            "container_workspace": "/workspace",
-            "cpu_binding": "",
-            "host_keys": {"ed25519": server.host_key(host, 1)},
-            "interface": "eth0",
-            "network": str(server.NETWORK),
-            "workspace": f"/var/lib/ddp-cluster/{host}/workspace",
-        }
-        (records / f"{host}.json").write_text(json.dumps(record, indent=4, sort_keys=True) + "\n")
+def template(repo: Path, forks: int) -> Path:
+    """A real bring-up of seed.TEMPLATE_SERVERS virtual servers, each keeping its files' text: what the seed
+    generalises (bench/virtual/seed.py). Checked at once: its servers past vs1 must be vs1 with their name,
+    address and host key put in."""
+    folder = Path(tempfile.mkdtemp(prefix="ddp-virtual-template-"))
+    (folder / "home").mkdir()
+    run_stage(
+        "bringup", seed.TEMPLATE_SERVERS, folder, repo, forks, ["site.yml"], env={server.CONTENT_ENV: "1"}
+    )
+    try:
+        seed.check_template(folder, seed.TEMPLATE_SERVERS)
+    except seed.SeedError as error:
+        raise BenchError(f"the seed's template ({folder}): {error}") from None
+    return folder
 
 
-def bench(count: int, stages: list[str], repo: Path, forks: int, keep: bool) -> dict[str, Any]:
+def seed_servers(count: int, folder: Path, source: Path, repo: Path, forks: int) -> dict[str, Any]:
+    """COUNT servers as a bring-up leaves them, from the template bring-up in SOURCE (bench/virtual/seed.py):
+    the controller's records, the cluster compiled by its action, each server's state, then every state file
+    written by record.yml's action. Its wall and CPU seconds (not the warm run's)."""
+    playbook = str(seed.PLAYBOOK)
+    try:
+        seed.controller_files(source, folder, count)
+        compiled = run_stage("seed-compile", count, folder, repo, forks, [playbook, "--tags", "compile"])
+        seed.servers(source, folder, count)
+    except seed.SeedError as error:
+        raise BenchError(f"seeding {count} virtual servers: {error}") from None
+    recorded = run_stage("seed-record", count, folder, repo, forks, [playbook])
+    missing = seed.not_recorded(folder, count)
+    if missing:
+        raise BenchError(f"seed.yml recorded {len(missing)} server(s) as not converged: {missing[:8]}")
+    return {
+        "seed_s": round(compiled["wall_s"] + recorded["wall_s"], 2),
+        "seed_cpu_s": round(compiled["cpu_s"] + recorded["cpu_s"], 2),
+    }
+
+
+def bench(
+    count: int, stages: list[str], repo: Path, forks: int, keep: bool, source: Path | None = None
+) -> dict[str, Any]:
+    """One N's figures; without bringup in STAGES the servers are seeded from the template SOURCE."""
     folder = Path(tempfile.mkdtemp(prefix=f"ddp-virtual-{count}-"))
     (folder / "home").mkdir()
     result: dict[str, Any] = {"servers": count}
     try:
-        if stages == ["plan"]:
-            seed(count, folder)
+        if "bringup" not in stages:
+            if source is None:
+                raise BenchError("seeded servers need the template bring-up (bench_controller.template)")
+            result |= seed_servers(count, folder, source, repo, forks)
+            result["warm_seeded" if "warm" in stages else "seeded"] = True
         else:
             up = run_stage("bringup", count, folder, repo, forks, ["site.yml"])
             result |= {
@@ -296,7 +334,7 @@ def main() -> int:
     parser.add_argument(
         "--stages",
         default=",".join(STAGES),
-        help="of bringup,warm,plan (a bring-up comes first, but for plan alone: seeded servers)",
+        help="of bringup,warm,plan (without bringup: servers seeded from a real bring-up of 4)",
     )
     parser.add_argument("--forks", type=int, default=64)
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose playbooks run")
@@ -307,15 +345,22 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown stage(s) {unknown}: pick among {', '.join(STAGES)}")
     results: dict[str, dict[str, Any]] = {}
-    for count in sorted(int(n) for n in args.servers.split(",") if n):
-        try:
-            results[str(count)] = bench(count, stages, args.repo.resolve(), args.forks, args.keep)
-        except BenchError as error:
-            print(f"bench_controller: {error}", file=sys.stderr)
-            return 1
-        print(f"{count} servers: {json.dumps(results[str(count)])}", flush=True)
-        if args.json:  # after each N: a long run keeps what it measured
-            args.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    repo, source = args.repo.resolve(), None
+    try:
+        if "bringup" not in stages:  # one template for every N
+            source = template(repo, args.forks)
+            print(f"template: {seed.TEMPLATE_SERVERS} servers brought up in {source}", flush=True)
+        for count in sorted(int(n) for n in args.servers.split(",") if n):
+            results[str(count)] = bench(count, stages, repo, args.forks, args.keep, source)
+            print(f"{count} servers: {json.dumps(results[str(count)])}", flush=True)
+            if args.json:  # after each N: a long run keeps what it measured
+                args.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    except BenchError as error:
+        print(f"bench_controller: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if source is not None and not args.keep:
+            shutil.rmtree(source, ignore_errors=True)
     print(report(results))
     print("\n".join(targets(results)))
     return 0

@@ -32,6 +32,8 @@ DOCKER_VERSION = "27.5.1 amd64"
 # The virtual servers' addresses: 10.64.0.0/16, server i at 10.64.0.0 + i + 1 (hosts.py); the controller's.
 NETWORK = ipaddress.ip_network("10.64.0.0/16")
 CONTROLLER = "10.64.255.254"
+# Set to 1: the servers keep each file's text beside its digest (the seed's template bring-up).
+CONTENT_ENV = "DDP_VIRTUAL_CONTENT"
 
 
 class Unknown(Exception):
@@ -62,8 +64,8 @@ def index_of(host: str) -> int:
     return int(host[2:]) if re.fullmatch(r"vs[0-9]+", host) else 0
 
 
-def load(host: str) -> dict[str, Any]:
-    path = root() / host / "state.json"
+def load(host: str, folder: Path | None = None) -> dict[str, Any]:
+    path = (folder or root()) / host / "state.json"
     try:
         state: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -75,8 +77,8 @@ def load(host: str) -> dict[str, Any]:
     return state
 
 
-def save(host: str, state: dict[str, Any]) -> None:
-    path = root() / host / "state.json"
+def save(host: str, state: dict[str, Any], folder: Path | None = None) -> None:
+    path = (folder or root()) / host / "state.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps(state, sort_keys=True), encoding="utf-8")
@@ -194,8 +196,13 @@ def shell(host: str, command: str) -> tuple[int, str, str]:
 def write_file(state: dict[str, Any], path: str, content: str, mode: Any) -> bool:
     mode_int = int(str(mode), 8) if mode not in (None, "") else 0o644
     wanted = {"sha256": sha(content), "mode": mode_int}
-    if state["files"].get(path) == wanted:
+    have = state["files"].get(path) or {}
+    if {k: v for k, v in have.items() if k != "content"} == wanted:
         return False
+    # A seed's template (bench/virtual/seed.py) keeps the text, to write it for other servers and sizes; a
+    # server keeps only its digest and mode otherwise, as the probe reads them.
+    if os.environ.get(CONTENT_ENV) == "1":
+        wanted["content"] = content
     state["files"][path] = wanted
     return True
 
