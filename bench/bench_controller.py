@@ -12,7 +12,8 @@ For each N, ascending, in a fresh $DDP_VIRTUAL_DIR (and HOME: the controller's r
 files start empty):
 - bring-up: site.yml on servers that have nothing of the cluster but its images (ufw rules, containers, mesh
   files are made; the image is present on every server, so neither a build nor a pull is measured);
-- warm: site.yml again; it must report changed=0 on every server, else the benchmark stops and names them;
+- warm: site.yml again; it must report changed=0 on every server and start no task on any server but the first
+  (the controller plays' run_once tasks), else the benchmark stops and names them;
 - plan: train.yml --check -e nodes=N, up to the job's start (--skip-tags ddp_job_run,ddp_job_collect): the
   plan play (the drained nodes read, the plan made, the nodes grouped) and the job's checks of its nodes: what
   the controller does for a job before a rank starts. Check mode, so no run directory is written and no bundle
@@ -247,6 +248,14 @@ def bench(
                     f"host(s) ({sorted(warm['changed'])[:8]}): {changed_tasks(warm['output'])}. A warm run "
                     "must report changed=0: either the stand-in (bench/virtual/server.py) does not keep "
                     "what the bring-up made, or a role changes something on every run."
+                )
+            # Every server is in sync: none but the first (the controller plays' run_once tasks) gets a slot.
+            slotted = [host for host, slots in list(warm["slots_by_host"].items())[1:] if slots]
+            if slotted:
+                raise BenchError(
+                    f"the warm site.yml on {count} virtual servers started tasks on {len(slotted)} in-sync "
+                    f"server(s) ({slotted[:8]}): the probe sent them through the stages (its lines in "
+                    f"{folder / 'warm.log'} with -v say why)"
                 )
             result |= {
                 "warm_site_s": warm["wall_s"],
