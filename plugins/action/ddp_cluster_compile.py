@@ -29,7 +29,10 @@ from ddp_cluster.inventory import compiled
 
 REPO = Path(__file__).resolve().parents[2]
 # What a change of code must converge again: the image tag's inputs and everything that runs the roles.
-CODE = ("roles", "plugins", "playbooks", "python/src", "python/pyproject.toml", "docker", "site.yml")
+CODE = (
+    "roles", "plugins", "playbooks", "python/src", "python/pyproject.toml", "python/README.md", "docker",
+    ".dockerignore", "site.yml",
+)  # fmt: skip
 
 
 class ActionModule(ActionBase):

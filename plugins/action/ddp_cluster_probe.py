@@ -35,7 +35,7 @@ PARSE = lambda out: (state.complete(out), state.digests(out), state.describe(out
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("mode", "nodes", "force", "check", "converged", "failed", "reason"))
+    _VALID_ARGS = frozenset(("mode", "nodes", "force", "check", "converged", "failed", "reason", "mark"))
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result, args, variables = super().run(tmp, task_vars), self._task.args, task_vars or {}
@@ -52,9 +52,8 @@ class ActionModule(ActionBase):
         option = partial(C.config.get_config_value, plugin_type="connection", plugin_name="ssh")
         ssh = {name: option(name) or "" for name in ("ssh_args", "control_path_dir")}
         asked = [] if force else nodes
-        probes = drift.probe_nodes(
-            asked, raw, entries, state.script, PARSE, timeout=int(C.DEFAULT_TIMEOUT), **ssh
-        )
+        timeout = int(C.config.get_config_value("DEFAULT_TIMEOUT"))
+        probes = drift.probe_nodes(asked, raw, entries, state.script, PARSE, timeout=timeout, **ssh)
         states = {n: drift.read_state(records, n) for n in nodes}
         found = drift.survey(nodes, entries, fact, states, probes, meaning=state.MEANING, force=force)
         if mode == "record":
@@ -63,6 +62,8 @@ class ActionModule(ActionBase):
             failed = [str(n) for n in args.get("failed") or []]
             written = drift.record(records, found, states, failed, str(args.get("reason") or "failed"))
             return {**result, "changed": False, "written": written}
+        if boolean(args.get("mark", False)) and not self._play_context.check_mode:  # until record.yml runs
+            drift.mark_under_way(records, found.converge, states)
         lines = [] if force else found.lines()
         check = bool(boolean(args.get("check", False)))  # the run's; this task itself runs in check mode off
         for line in lines if check or display.verbosity > 0 else []:

@@ -86,4 +86,4 @@ class CallbackModule(CallbackBase):
             return
         line = self._summary.line(stats.failures, stats.dark, stats.rescued)
         if line:
-            self._display.display(line, color=C.COLOR_ERROR, stderr=False)
+            self._display.display(line, color=C.config.get_config_value("COLOR_ERROR"), stderr=False)

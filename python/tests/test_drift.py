@@ -186,3 +186,44 @@ def test_probe_nodes_runs_each_nodes_script_where_it_says() -> None:
     )
     assert probes["a"] == drift.Probe({"out": "a"}, {})
     assert probes["b"].error == "rc 3: no output"
+
+
+def test_a_neighbours_npu_change_takes_a_server_through_though_its_own_variables_did_not_change() -> None:
+    # On npu a device's netdetect address is the next server's device IP: the compiled settings change while
+    # this server's inventory inputs do not.
+    before = {"inputs": "i1", "npu": {"settings": [{"device": 0, "netdetect": "192.168.100.111"}]}}
+    after = {"inputs": "i1", "npu": {"settings": [{"device": 0, "netdetect": "192.168.100.115"}]}}
+    recorded = drift.converged_state(drift.wanted(drift.node_inputs(before), FACT), drift.Probe(ACTUAL))
+    found = drift.survey(["n1"], {"n1": after}, FACT, {"n1": recorded}, {"n1": drift.Probe(ACTUAL)})
+    assert found.converge == ["n1"]
+    assert "input or code changed" in found.decisions["n1"].line()
+    same = drift.survey(["n1"], {"n1": before}, FACT, {"n1": recorded}, {"n1": drift.Probe(ACTUAL)})
+    assert same.converge == []
+    # Off npu the node's inputs are its inventory inputs alone (the digests recorded before stay valid).
+    assert drift.node_inputs({"inputs": "i1", "npu": None}) == "i1"
+
+
+def test_servers_about_to_converge_are_marked_until_the_record_step(tmp_path: Path) -> None:
+    fact = {**FACT, "dir": str(tmp_path / "compiled")}
+    records = drift.records_dir(fact)
+    drift.write_state(records, "n1", in_sync())
+    states = {"n1": drift.read_state(records, "n1"), "n2": None}
+    assert drift.mark_under_way(records, ["n1", "n2"], states) == ["n1", "n2"]
+    for node in ("n1", "n2"):
+        marked = drift.read_state(records, node)
+        assert marked is not None and not marked["converged"]
+        assert "did not reach its record step" in marked["reason"]
+    assert drift.read_state(records, "n1")["actual"] == ACTUAL  # type: ignore[index]
+    # A run that ends there leaves them so: the next run takes them through again.
+    again = drift.survey(
+        ["n1"],
+        {"n1": {"inputs": "i1"}},
+        fact,
+        {"n1": drift.read_state(records, "n1")},
+        {"n1": drift.Probe(ACTUAL)},
+    )
+    assert again.converge == ["n1"]
+    # The record step marks each one that converged.
+    found = drift.survey(["n1"], {"n1": {"inputs": "i1"}}, fact, {}, {"n1": drift.Probe(ACTUAL)})
+    drift.record(records, found, {}, [], "failed")
+    assert drift.read_state(records, "n1")["converged"] is True  # type: ignore[index]

@@ -127,3 +127,24 @@ def test_values_are_quoted_for_the_shell() -> None:
     text = state.script({**SPEC, "container": "a; rm -rf /", "etc_dir": "/x y/$(id)"})
     assert "c='a; rm -rf /'" in text
     assert "'/x y/$(id)/node.env'" in text
+
+
+def test_new_sshd_host_keys_in_the_container_are_drift(tmp_path: Path) -> None:
+    # A container that made new host keys (its keys removed, then restarted) is refused by every node's
+    # known_hosts: the probe must see it although the container's spec, image and state are the same.
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "ssh_host_ed25519_key.pub").write_text("ssh-ed25519 AAAAold root@node0\n")
+    # exec runs the inner script with /etc/ssh/ read from KEYS.
+    docker = DOCKER.replace(
+        'exec "$@"', 's=$(printf %s "$3" | sed "s#/etc/ssh/#$KEYS#g"); shift 3; exec sh -c "$s" "$@"'
+    )
+    env = {
+        **fake_tools(tmp_path, {"docker": docker, "ss": 'echo "LISTEN 0 128 0.0.0.0:12345"'}),
+        "KEYS": f"{keys}/",
+    }
+    before = state.digests(run(SPEC, env))
+    assert state.digests(run(SPEC, env)) == before
+    (keys / "ssh_host_ed25519_key.pub").write_text("ssh-ed25519 AAAAnew root@node0\n")
+    after = state.digests(run(SPEC, env))
+    assert [name for name in before if before[name] != after[name]] == ["sshd"]

@@ -79,6 +79,15 @@ def wanted(inputs: str, fact: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def node_inputs(entry: Mapping[str, Any]) -> str:
+    """A node's own inputs for :func:`wanted`: its inventory inputs' digest, and on npu its compiled device
+    settings too, which depend on other servers (a device's netdetect address is the next server's device
+    IP): a neighbour's change must take this server through again though its own variables did not change."""
+    inputs = str(entry.get("inputs", ""))
+    npu = entry.get("npu")
+    return inputs if npu is None else digest({"inputs": inputs, "npu": npu})
+
+
 def decide(
     node: str,
     state: Mapping[str, Any] | None,
@@ -282,7 +291,7 @@ def survey(
     force: bool = False,
 ) -> Survey:
     """Decide every node of NODES from its compiled ENTRY, the fact, its recorded state and its probe."""
-    wants = {node: wanted(str(entries.get(node, {}).get("inputs", "")), fact) for node in nodes}
+    wants = {node: wanted(node_inputs(entries.get(node, {})), fact) for node in nodes}
     decisions = {
         node: decide(
             node,
@@ -310,6 +319,22 @@ def read_entry(fact: Mapping[str, Any], node: str) -> dict[str, Any]:
 def records_dir(fact: Mapping[str, Any]) -> Path:
     """Where the state files are: beside the compiled directory, with the node records."""
     return Path(str(fact["dir"])).parent / "nodes"
+
+
+def mark_under_way(
+    directory: Path,
+    nodes: Iterable[str],
+    states: Mapping[str, Mapping[str, Any] | None],
+    now: datetime | None = None,
+) -> list[str]:
+    """Before the stages: each node of NODES (those about to converge) marked not converged, so that a run
+    that ends before its record step (a stage past max_fail_percent, every server of a stage failed, Ctrl-C)
+    leaves them so, and a job's plan passes over them; the record step marks each one that converged. The
+    nodes whose file was written."""
+    reason = f"site.yml took it through at {_at(now)} and did not reach its record step; run site.yml again"
+    return [
+        node for node in nodes if write_state(directory, node, failed_state(states.get(node), reason, now))
+    ]
 
 
 def record(

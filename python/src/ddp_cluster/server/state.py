@@ -59,6 +59,9 @@ _INSIDE = (
     f'echo "{MARK} sshd"; '
     'if ss -Htln "sport = :$port" 2>/dev/null | grep -q .; '
     'then echo listening; else echo "not listening"; fi; '
+    # The host keys every other node pins: a container that made new ones (its keys removed, then restarted)
+    # must take the mesh through again, or every node's known_hosts refuses it.
+    'for k in /etc/ssh/ssh_host_*_key.pub; do [ -f "$k" ] && cut -d\' \' -f1,2 "$k"; done; '
     f'echo "{MARK} mesh"; '
     f'for f in "$@"; do {_FILE_LINE}; done'
 )

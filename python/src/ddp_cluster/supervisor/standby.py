@@ -167,7 +167,8 @@ class Standby:
             f"python -m ddp_cluster.supervisor.standby --job-dir {shlex.quote(str(self.job_dir))} --report"
         )
         return [
-            "ssh", "-T", "-o", "ControlPath=none", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.ssh_timeout}",
+            "ssh", "-T", "-o", "ControlPath=none", "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={self.ssh_timeout}",
             "-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3", self.primary, remote,
         ]  # fmt: skip
 
