@@ -73,7 +73,10 @@ def test_password_login_is_off(local_cluster: PlaybookResult) -> None:
     assert "permitrootlogin without-password" in config
     assert "port 12345" in config
     refused = node_exec(
-        "node0", "ssh -o PubkeyAuthentication=no -o PasswordAuthentication=yes node1 true", check=False
+        # A new connection (ControlPath=none): the mesh's ssh_config shares one per node, never checked again.
+        "node0",
+        "ssh -o ControlPath=none -o PubkeyAuthentication=no -o PasswordAuthentication=yes node1 true",
+        check=False,
     )
     assert refused.returncode != 0
     assert "Permission denied" in refused.stderr
