@@ -56,3 +56,16 @@ def test_the_drained_nodes_come_from_plan_ymls_read_of_the_nodes() -> None:
     assert plan_inputs.drained({"unreachable": True, "msg": "x"}, nodes) == {"drain_unknown": nodes}
     assert plan_inputs.drained({"skipped": True}, nodes) == {}  # attach: no plan made
     assert plan_inputs.drained(None, nodes) == {}
+
+
+def test_the_plan_made_before_is_read_whole_from_its_file(tmp_path: Path) -> None:
+    # The health gate's fact is small; the job's plan reuses the gate's packing, which only its file holds.
+    packed = {"workdir": "/p", "files": 3}
+    whole = {"id": "j-preflight", "base_id": "j", "kind": "preflight", "packed": packed}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(whole))
+    fact = {"id": "j-preflight", "base_id": "j", "kind": "preflight", "plan_path": str(path)}
+    assert plan_inputs.previous(fact)["packed"] == packed
+    assert plan_inputs.previous({}) == {}
+    gone = {**fact, "plan_path": str(tmp_path / "gone.json")}
+    assert plan_inputs.previous(gone) == gone  # no file: the project is packed again

@@ -46,11 +46,20 @@ def inventory(variables: Mapping[str, Any], value: Value, npu_plan: Mapping[str,
         visible={node: visible(hostvars, node) for node in nodes},
         npu_plan=npu_plan,
         cwd=os.getcwd(),
-        previous=variables.get("_ddp_job_plan") or {},
+        previous=previous(variables.get("_ddp_job_plan") or {}),
         gate_passed=str(variables.get("_ddp_job_gate_passed") or ""),
         env_names=frozenset(name for name, set_to in os.environ.items() if set_to),
         **drained(variables.get("__ddp_job_drained"), nodes),
     )
+
+
+def previous(fact: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan made before in this run (a health gate's), whole: its fact is small (no packing, no spec),
+    the rest is in its plan file; the fact alone when that cannot be read (the project is packed again)."""
+    try:
+        return planning.whole(fact)
+    except (OSError, ValueError):
+        return dict(fact)
 
 
 def drained(read: Any, nodes: list[str]) -> dict[str, Any]:
