@@ -35,7 +35,7 @@ PARSE = lambda out: (state.complete(out), state.digests(out), state.describe(out
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("mode", "nodes", "force", "check", "converged", "failed", "reason", "mark"))
+    _VALID_ARGS = frozenset(("mode", "nodes", "force", "check", "converged", "failed", "reason"))
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result, args, variables = super().run(tmp, task_vars), self._task.args, task_vars or {}
@@ -62,8 +62,6 @@ class ActionModule(ActionBase):
             failed = [str(n) for n in args.get("failed") or []]
             written = drift.record(records, found, states, failed, str(args.get("reason") or "failed"))
             return {**result, "changed": False, "written": written}
-        if boolean(args.get("mark", False)) and not self._play_context.check_mode:  # until record.yml runs
-            drift.mark_under_way(records, found.converge, states)
         lines = [] if force else found.lines()
         check = bool(boolean(args.get("check", False)))  # the run's; this task itself runs in check mode off
         for line in lines if check or display.verbosity > 0 else []:

@@ -201,29 +201,3 @@ def test_a_neighbours_npu_change_takes_a_server_through_though_its_own_variables
     assert same.converge == []
     # Off npu the node's inputs are its inventory inputs alone (the digests recorded before stay valid).
     assert drift.node_inputs({"inputs": "i1", "npu": None}) == "i1"
-
-
-def test_servers_about_to_converge_are_marked_until_the_record_step(tmp_path: Path) -> None:
-    fact = {**FACT, "dir": str(tmp_path / "compiled")}
-    records = drift.records_dir(fact)
-    drift.write_state(records, "n1", in_sync())
-    states = {"n1": drift.read_state(records, "n1"), "n2": None}
-    assert drift.mark_under_way(records, ["n1", "n2"], states) == ["n1", "n2"]
-    for node in ("n1", "n2"):
-        marked = drift.read_state(records, node)
-        assert marked is not None and not marked["converged"]
-        assert "did not reach its record step" in marked["reason"]
-    assert drift.read_state(records, "n1")["actual"] == ACTUAL  # type: ignore[index]
-    # A run that ends there leaves them so: the next run takes them through again.
-    again = drift.survey(
-        ["n1"],
-        {"n1": {"inputs": "i1"}},
-        fact,
-        {"n1": drift.read_state(records, "n1")},
-        {"n1": drift.Probe(ACTUAL)},
-    )
-    assert again.converge == ["n1"]
-    # The record step marks each one that converged.
-    found = drift.survey(["n1"], {"n1": {"inputs": "i1"}}, fact, {}, {"n1": drift.Probe(ACTUAL)})
-    drift.record(records, found, {}, [], "failed")
-    assert drift.read_state(records, "n1")["converged"] is True  # type: ignore[index]

@@ -321,22 +321,6 @@ def records_dir(fact: Mapping[str, Any]) -> Path:
     return Path(str(fact["dir"])).parent / "nodes"
 
 
-def mark_under_way(
-    directory: Path,
-    nodes: Iterable[str],
-    states: Mapping[str, Mapping[str, Any] | None],
-    now: datetime | None = None,
-) -> list[str]:
-    """Before the stages: each node of NODES (those about to converge) marked not converged, so that a run
-    that ends before its record step (a stage past max_fail_percent, every server of a stage failed, Ctrl-C)
-    leaves them so, and a job's plan passes over them; the record step marks each one that converged. The
-    nodes whose file was written."""
-    reason = f"site.yml took it through at {_at(now)} and did not reach its record step; run site.yml again"
-    return [
-        node for node in nodes if write_state(directory, node, failed_state(states.get(node), reason, now))
-    ]
-
-
 def record(
     directory: Path,
     found: Survey,
