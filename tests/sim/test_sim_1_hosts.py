@@ -3,6 +3,7 @@ its second run, which changes nothing and sends no image; the hosts stage's fire
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import subprocess
 import time
@@ -43,7 +44,16 @@ def test_firewall_lets_the_servers_through_and_keeps_everyone_else_out(sim_clust
     # Every port from each server of the cluster; sshd only from the controller (this machine, the bridge's
     # gateway).
     allowed = [line.split() for line in rules.splitlines() if "ALLOW" in line]
-    assert any(rule[0] == "Anywhere" and "172.30.99.10" in rule for rule in allowed), rules
+    # The servers' addresses as the fewest networks (172.30.99.10/31), holding no other address: not the
+    # controller's.
+    peers = [
+        ipaddress.ip_network(rule[2])
+        for rule in allowed
+        if rule[:2] == ["Anywhere", "ALLOW"] and rule[2][0].isdigit()
+    ]
+    assert any(ipaddress.ip_address("172.30.99.10") in net for net in peers), rules
+    assert not any(ipaddress.ip_address("172.30.99.1") in net for net in peers), rules
+    assert sum(net.num_addresses for net in peers) == len(SERVERS), rules
     assert any(rule[0] == "22/tcp" and "172.30.99.1" in rule for rule in allowed), rules
     subprocess.run(
         ["docker", "exec", "-d", "sim-server1", "python3", "-m", "http.server", "9000"], check=True
