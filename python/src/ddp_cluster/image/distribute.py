@@ -886,23 +886,27 @@ class TierCache:
                 )
         finally:
             release()
-            with contextlib.suppress(OSError):
-                session.stdin.close()
-            rest: list[str] = []
-            end = time.monotonic() + 60
-            while True:
-                line = lines.next(end)
-                if line is None:
-                    break
-                rest.append(line)
-            if session.poll() is None:
-                session.kill()
-            session.wait()
+            served = end_session(session, lines)
             session.stdout.close()
             with self.lock:
-                self.bytes_served += sum(
-                    int(line.split()[-1]) for line in rest if re.fullmatch(r"served: \d+", line)
-                )
+                self.bytes_served += served
+
+
+def end_session(session: subprocess.Popen[bytes], lines: SessionLines) -> int:
+    """End a registry's ssh session (a source's or a tier-1 cache's): close its stdin, which stops what it
+    runs, read what it still says for up to 60 s, kill it if it has not ended. The bytes its registry said it
+    served (``served: N`` lines)."""
+    assert session.stdin is not None
+    with contextlib.suppress(OSError):
+        session.stdin.close()
+    rest: list[str] = []
+    end = time.monotonic() + 60
+    while (line := lines.next(end)) is not None:
+        rest.append(line)
+    if session.poll() is None:
+        session.kill()
+    session.wait()
+    return sum(int(line.split()[-1]) for line in rest if re.fullmatch(r"served: \d+", line))
 
 
 def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -956,21 +960,8 @@ def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
             else:
                 report.update(pull_everywhere(servers, params["parallel"], from_source))
         finally:
-            with contextlib.suppress(OSError):
-                session.stdin.close()  # the source's session ends: registry stopped, key deauthorized
-            rest = []
-            end = time.monotonic() + 60
-            while True:
-                line = lines.next(end)
-                if line is None:
-                    break
-                rest.append(line)
-            if session.poll() is None:
-                session.kill()
-            session.wait()
-        report["bytes_served"] = sum(
-            int(line.split()[-1]) for line in rest if re.fullmatch(r"served: \d+", line)
-        )
+            # The source's session ends: registry stopped, key deauthorized.
+            report["bytes_served"] = end_session(session, lines)
     return report
 
 
