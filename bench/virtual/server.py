@@ -178,6 +178,8 @@ def shell(host: str, command: str) -> tuple[int, str, str]:
         return 0, "", ""
     if "ddp_cluster.supervisor.drain" in command and "--show" in command:  # no node is drained
         return 0, json.dumps({"drained": {}, "unknown": []}) + "\n", ""
+    if "ddp_cluster.supervisor.check" in command:  # the first node checks every node (job/node_check.py)
+        return 0, json.dumps({"answers": checked(command)}) + "\n", ""
     if "ddp_cluster.supervisor.jobs" in command:  # a node's jobs (job/node_jobs.py): an idle node
         running = bool(state["container"] and state["container"].get("running"))
         if not running:
@@ -188,6 +190,21 @@ def shell(host: str, command: str) -> tuple[int, str, str]:
     except ValueError:
         argv = [command]
     return run_argv(host, argv, state)
+
+
+def checked(command: str) -> dict[str, str]:
+    """The first node's answers for the nodes its check lists: an idle node whose container runs, as
+    ``python -m ddp_cluster.supervisor.check`` prints them (the first node asks the others over the mesh)."""
+    inner = shlex.split(command)[-1]
+    words = shlex.split(inner.split("&&", 1)[1]) if "&&" in inner else []
+    nodes = words[words.index("--nodes") + 1].split(",") if "--nodes" in words else []
+    answers = {}
+    for node in nodes:
+        container = load(node).get("container") or {}
+        idle = json.dumps({"jobs": {}}) + "\nup\n"
+        down = f"down: no answer over the mesh's ssh from {nodes[0]}"
+        answers[node] = idle if container.get("running") else down
+    return answers
 
 
 # --- modules ----------------------------------------------------------------------------------------------

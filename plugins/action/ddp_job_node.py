@@ -1,12 +1,14 @@
-"""Action ``ddp_job_node``: check, on one node of a planned job, that the job can start there; changes
-nothing.
+"""Action ``ddp_job_node``: check that a planned job can start on its nodes; changes nothing.
 
-The check is :func:`ddp_cluster.job.node_check.check_node` (one command on the node's server, through the
-task's own connection; no module): the node container answers, the node runs no other job (with
-``wait_for_nodes``, waited for within the job's time bound), the first node's master port is free, and
-before an npu health gate the node's devices reach the next server's (``hccn_tool -ping``). A failure names
-the node, what is wrong and the fix. The job's files are written only after every node passed (by
-``ddp_job_wait``, on the first node), so a refused job leaves nothing behind.
+On the job's first node it checks every node of the job at once, with one command on the first node's server
+(:func:`ddp_cluster.job.node_check.check_nodes`: the first node asks the others over the mesh, so the
+controller's work does not grow with the node count; no module): each node answers, runs no other job (with
+``wait_for_nodes``, waited for within the job's time bound) and is not drained, the first node's master port
+is free and its listen backlog holds the ranks. Before an npu health gate (the plan's ``check_each``) every
+node runs the task and checks itself instead (:func:`~ddp_cluster.job.node_check.check_node`, one command on
+its own server): its devices must also reach the next server's (``hccn_tool -ping``, a tool of the server).
+A failure names each node, what is wrong and the fix. The job's files are written only after every node
+passed (by ``ddp_job_wait``, on the first node), so a refused job leaves nothing behind.
 
     - ddp_job_node:
         plan: "{{ _ddp_job_plan }}"
@@ -26,8 +28,8 @@ from ansible.utils.display import Display
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
-from ddp_cluster.job.node_check import HCCN_TOOL, check_node
-from ddp_cluster.job.plan import whole
+from ddp_cluster.job.node_check import HCCN_TOOL, check_node, check_nodes
+from ddp_cluster.job.plan import check_each, whole
 from ddp_cluster.job.transport import ActionTransport
 
 display = Display()
@@ -47,4 +49,8 @@ class ActionModule(ActionBase):
             plan = whole(self._task.args["plan"])
         except (OSError, ValueError) as error:
             return {**result, "failed": True, "msg": f"{node}: the job's plan could not be read ({error})"}
-        return {**result, **check_node(plan, node, transport, tool, display.display)}
+        if check_each(plan):
+            return {**result, **check_node(plan, node, transport, tool, display.display)}
+        if node != plan["first"]:
+            return {**result, "skipped": True, "msg": f"checked from {plan['first']}"}
+        return {**result, **check_nodes(plan, transport, display.display)}

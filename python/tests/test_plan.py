@@ -473,7 +473,7 @@ def test_the_playbooks_fact_is_small_the_actions_read_the_whole_plan_from_its_fi
     whole = made.to_dict()
     path = str(Path(made.run_dir, plan.PLAN_FILE))
     fact = plan.fact(whole, path)
-    assert set(fact) == {*plan.FACT_KEYS, "detach", "plan_path"}
+    assert set(fact) == {*plan.FACT_KEYS, "detach", "check_each", "plan_path"}
     assert fact["nodes"] == list(nodes[:32]) and fact["first"] == "s0" and fact["run_dir"] == made.run_dir
     assert len(json.dumps(fact)) < len(json.dumps(whole)) / 3
     read = plan.whole(fact)

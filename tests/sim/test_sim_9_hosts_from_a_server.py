@@ -30,8 +30,9 @@ def test_a_server_that_runs_ansible_itself_gets_the_same_hosts_stage(
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.split()
+    # S: the prefix goes on the names, never into a link's target (roles' module_utils link into python/).
     subprocess.run(
-        ["tar", "-cf", str(bundle), "-C", str(REPO), "--transform", "s,^,ddp-cluster/,", *files], check=True
+        ["tar", "-cf", str(bundle), "-C", str(REPO), "--transform", "s,^,ddp-cluster/,S", *files], check=True
     )
     names = [
         *ANSIBLE_PACKAGES,
@@ -41,8 +42,8 @@ def test_a_server_that_runs_ansible_itself_gets_the_same_hosts_stage(
     packages = sorted(
         {str(path.relative_to(SITE_PACKAGES)) for name in names for path in SITE_PACKAGES.glob(name)}
     )
-    subprocess.run(["tar", "-rf", str(bundle), "-C", str(SITE_PACKAGES), "--transform", "s,^,site-packages/,",
-                    *packages], check=True)  # fmt: skip
+    subprocess.run(["tar", "-rf", str(bundle), "-C", str(SITE_PACKAGES),
+                    "--transform", "s,^,site-packages/,S", *packages], check=True)  # fmt: skip
     access = Path.home() / ".ddp-cluster" / "sim-servers"
     subprocess.run(["docker", "cp", str(bundle), "sim-server0:/root/controller.tar"], check=True)
     subprocess.run(["docker", "cp", str(access / "id_ed25519"), "sim-server0:/root/id_ed25519"], check=True)

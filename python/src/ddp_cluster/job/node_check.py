@@ -15,6 +15,8 @@ here, never waited for). :func:`problems` names the node, what is wrong and the 
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import shlex
 import time
@@ -34,6 +36,8 @@ EXISTS = "exists: "
 BACKLOG = "somaxconn: "
 # Linux's largest listen backlog cluster_host sets (a larger job gets what the kernel allows: no refusal).
 BACKLOG_MAX = 65535
+# What the first node runs to check every node (its container's Python; the commands in base64).
+CHECK_MODULE = "ddp_cluster.supervisor.check"
 
 
 def check_script(
@@ -190,3 +194,97 @@ def check_node(
     if found:
         return {"failed": True, "msg": " ".join(found)}
     return {"changed": False, "pinged": len(targets), "waited": waited}
+
+
+def node_script(port: int | None, jobs: str, job_dir: str) -> str:
+    """The check's command in a node (run by the first node: :mod:`ddp_cluster.supervisor.check`): what
+    :func:`check_script` asks of the node container, without the server's ``docker exec`` (``exists:`` names
+    the job's directory as the node sees it)."""
+    listening = (
+        f"(ss -Htln 'sport = :{port}' | sed 's/^/listening: /');"
+        f" echo {BACKLOG}$(cat /proc/sys/net/core/somaxconn); "
+        if port
+        else ""
+    )
+    exists = f"if [ -e {shlex.quote(job_dir)} ]; then echo {shlex.quote(EXISTS + job_dir)}; fi; "
+    return f"{exists}{listening}({node_jobs.command(jobs)}); echo up"
+
+
+def encode(command: str) -> str:
+    return base64.b64encode(command.encode()).decode()
+
+
+def fanout_command(first: str, nodes: Sequence[str], port: int, jobs: str, job_dir: str) -> str:
+    """The first node's server's command: the first node's container checks ``nodes`` (itself included) and
+    prints one JSON line, node -> its check's output."""
+    words = (
+        "--nodes", ",".join(nodes),
+        "--first", encode(node_script(port, jobs, job_dir)),
+        "--command", encode(node_script(None, jobs, job_dir)),
+    )  # fmt: skip
+    line = f". {node_jobs.NODE_ENV} && python -m {CHECK_MODULE} {' '.join(map(shlex.quote, words))}"
+    return in_container(first, line, shell="/bin/bash")
+
+
+def fanout_answers(output: str, first: str, nodes: Sequence[str]) -> dict[str, str]:
+    """Node -> its check's output from the first node's JSON line; when the first node could not answer
+    (its container does not run), that output is the first node's and the others' are left unasked."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("{"):
+            try:
+                answers = json.loads(line).get("answers")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(answers, dict):
+                return {node: str(answers.get(node, "")) for node in nodes}
+    return {first: output}
+
+
+def check_nodes(
+    plan: Mapping[str, Any],
+    transport: Transport,
+    say: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Check every node of the job ``plan`` from its first node: one command on the first node's server,
+    whatever the node count (the first node asks the others over the mesh). With wait_for_nodes, the nodes
+    busy with another job are asked again until free, within the job's time bound. The action's result:
+    ``failed`` and ``msg`` naming every problem of every node, or ``checked`` and ``waited``."""
+    first, nodes = str(plan["first"]), [str(node) for node in plan["nodes"]]
+    port, own = int(plan["master_port"]), str(plan["id"])
+    ranks = int(plan.get("world_size") or 0)
+    jobs = node_jobs.jobs_dir(str(plan["job_dir"]))
+    deadline = clock() + float(plan["timeout"])
+    found: dict[str, list[str]] = {}
+    pending, waited = list(nodes), False
+    while pending:
+        done = transport.run(fanout_command(first, pending, port, jobs, str(plan["job_dir"])))
+        answers = fanout_answers(done.stdout + ("\n" + done.stderr if done.stderr else ""), first, pending)
+        busy_now: list[str] = []
+        for node in pending:
+            if node not in answers:
+                continue  # the first node did not answer: its own problem says why
+            node_port = port if node == first else None
+            # the job's directory named as on the node's server (its workspace), as the user finds it
+            where = str((plan.get("host_dirs") or {}).get(node) or plan["job_dir"])
+            output = answers[node].replace(EXISTS + str(plan["job_dir"]), EXISTS + where)
+            problems_here = problems(node, node, output, node_port, [], own=own, ranks=ranks)
+            busy = busy_jobs(output, own)
+            waiting = [
+                problem for problem in problems_here if not problem.startswith(f"{node}: the master port")
+            ]
+            if busy and plan.get("wait_for_nodes") and len(waiting) == 1 and clock() < deadline:
+                busy_now.append(node)
+                if not waited:
+                    say(f"{node}: runs job {', '.join(busy)}: waiting for it (wait=true)")
+                    waited = True
+                continue
+            if problems_here:
+                found[node] = problems_here
+        pending = busy_now
+        if pending:
+            sleep(BUSY_POLL)
+    if found:
+        return {"failed": True, "msg": " ".join(problem for node in nodes for problem in found.get(node, []))}
+    return {"changed": False, "checked": len(nodes), "waited": waited}

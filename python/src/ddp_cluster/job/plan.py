@@ -101,11 +101,18 @@ def named(nodes: Sequence[str]) -> str:
     return f"{len(nodes)} nodes ({', '.join(nodes[:2])}, ..., {nodes[-1]})"
 
 
+def check_each(plan: Mapping[str, Any]) -> bool:
+    """Whether every node checks itself before the start (an npu health gate: each pings its devices'
+    counterparts with its server's hccn_tool), rather than the first node checking them all."""
+    return any(targets for targets in (plan.get("ping") or {}).values())
+
+
 def fact(plan: Mapping[str, Any], plan_path: str) -> dict[str, Any]:
     """The fact ``_ddp_job_plan`` of a plan (:meth:`Plan.to_dict`, or an earlier run's plan.json):
-    :data:`FACT_KEYS`, its overrides, and ``plan_path``, the file that holds the whole plan."""
+    :data:`FACT_KEYS`, its overrides, ``check_each`` (:func:`check_each`: which nodes run the check) and
+    ``plan_path``, the file that holds the whole plan."""
     kept = {key: plan[key] for key in (*FACT_KEYS, *OVERRIDES) if key in plan}
-    return {**kept, "plan_path": plan_path}
+    return {**kept, "check_each": check_each(plan), "plan_path": plan_path}
 
 
 def made_fact(made: Plan, whole_plan: Mapping[str, Any], check: bool) -> dict[str, Any]:

@@ -1,0 +1,198 @@
+"""The check before a job made by its first node for every node (ddp_cluster.job.node_check.check_nodes on the
+controller's side, ddp_cluster.supervisor.check in the first node): one command to the first node's server
+whatever the node count, each node's problems named as the per-node check names them, the busy nodes asked
+again with wait_for_nodes, a node that does not answer over the mesh named down. No container."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from ddp_cluster.job import node_check
+from ddp_cluster.job.node_check import check_nodes, fanout_answers, fanout_command, node_script
+from ddp_cluster.job.transport import Done
+from ddp_cluster.supervisor import check
+
+JOB_DIR = "/workspace/jobs/J1"
+
+
+def report(node: str, busy: str = "") -> str:
+    jobs = {busy: {"nodes": [node], "status": None}} if busy else {}
+    return json.dumps({"node": node, "jobs": jobs, "busy": [busy] if busy else [], "supervisors": {}})
+
+
+def plan(nodes: list[str], **changes: Any) -> dict[str, Any]:
+    return {
+        "id": "J1",
+        "first": nodes[0],
+        "nodes": nodes,
+        "master_port": 29501,
+        "job_dir": JOB_DIR,
+        "host_dirs": {node: f"/srv/{node}/workspace/jobs/J1" for node in nodes},
+        "timeout": 60,
+        "world_size": len(nodes),
+        **changes,
+    }
+
+
+class FirstNode:
+    """The first node's server: each call is the first node's container checking the listed nodes, whose
+    answers ``said(node, call)`` gives (None: the node does not answer over the mesh)."""
+
+    def __init__(self, said: Any) -> None:
+        self.said = said
+        self.commands: list[str] = []
+
+    def run(self, command: str) -> Done:
+        self.commands.append(command)
+        inner = shlex.split(command)[-1]  # docker exec NODE /bin/bash -c INNER
+        words = shlex.split(inner.split("&&", 1)[1])
+        nodes = words[words.index("--nodes") + 1].split(",")
+        answers = {}
+        for node in nodes:
+            out = self.said(node, len(self.commands))
+            answers[node] = out if out is not None else check.NO_ANSWER.format(me=nodes[0])
+        return Done(0, json.dumps({"answers": answers}) + "\n")
+
+    def put(self, local: str) -> str:
+        raise AssertionError("a check puts no file")
+
+    def close(self) -> None:
+        pass
+
+
+def idle(node: str, call: int) -> str:
+    return f"{report(node)}\nup\n"
+
+
+def test_forty_nodes_are_checked_with_one_command_on_the_first_nodes_server() -> None:
+    nodes = [f"node{index}" for index in range(40)]
+    first = FirstNode(idle)
+    assert check_nodes(plan(nodes), first, say=print) == {"changed": False, "checked": 40, "waited": False}
+    assert len(first.commands) == 1
+    assert first.commands[0].startswith("docker exec node0 /bin/bash -c ")
+
+
+def test_each_nodes_problem_is_named_with_its_fix_in_the_nodes_order() -> None:
+    nodes = ["node0", "node1", "node2", "node3"]
+
+    def said(node: str, call: int) -> str | None:
+        return {
+            "node0": f"listening: LISTEN 0 128 0.0.0.0:29501\n{report(node)}\nup\n",
+            "node1": None,
+            "node2": f"{node_check.EXISTS}{JOB_DIR}\n{report(node)}\nup\n",
+            "node3": f"{report(node, busy='J9')}\nup\n",
+        }[node]
+
+    result = check_nodes(plan(nodes), FirstNode(said), say=print)
+    message = result["msg"]
+    assert result["failed"] is True
+    assert "node0: the master port 29501 is taken" in message
+    assert (
+        "node1: the node container node1 does not run (down: no answer over the mesh's ssh from node0)"
+        in (message)
+    )
+    # named as on the node's server, where the user finds it
+    assert "node2: the job's directory /srv/node2/workspace/jobs/J1 is there already" in message
+    assert "node3 runs another job: job J9" in message
+    assert (
+        message.index("node0:") < message.index("node1:") < message.index("node2:") < message.index("node3")
+    )
+
+
+def test_with_wait_for_nodes_only_the_busy_nodes_are_asked_again_until_free() -> None:
+    nodes = ["node0", "node1", "node2"]
+    said_lines: list[str] = []
+    slept: list[float] = []
+
+    def said(node: str, call: int) -> str:
+        return f"{report(node, busy='J9' if node == 'node2' and call <= 2 else '')}\nup\n"
+
+    first = FirstNode(said)
+    result = check_nodes(plan(nodes, wait_for_nodes=True), first, say=said_lines.append, sleep=slept.append)
+    assert result == {"changed": False, "checked": 3, "waited": True}
+    assert said_lines == ["node2: runs job J9: waiting for it (wait=true)"]
+    assert slept == [node_check.BUSY_POLL] * 2
+    asked = [shlex.split(shlex.split(c)[-1].split("&&", 1)[1]) for c in first.commands]
+    assert [words[words.index("--nodes") + 1] for words in asked] == ["node0,node1,node2", "node2", "node2"]
+
+
+def test_the_first_nodes_container_down_is_named_and_nothing_else_is_asked() -> None:
+    class Down(FirstNode):
+        def run(self, command: str) -> Done:
+            self.commands.append(command)
+            return Done(1, "", "Error response from daemon: container node0 is not running\n")
+
+    down = Down(idle)
+    result = check_nodes(plan(["node0", "node1"]), down, say=print)
+    assert result["failed"] is True and len(down.commands) == 1
+    assert result["msg"].startswith(
+        "node0: the node container node0 does not run (Error response from daemon"
+    )
+
+
+def test_the_answers_line_is_read_past_other_output() -> None:
+    line = json.dumps({"answers": {"a": "x\nup\n"}})
+    assert fanout_answers(f"a warning\n{line}\n", "a", ["a", "b"]) == {"a": "x\nup\n", "b": ""}
+    assert fanout_answers("no json", "a", ["a", "b"]) == {"a": "no json"}
+
+
+def test_only_the_first_node_looks_at_the_master_port_and_the_backlog() -> None:
+    command = fanout_command("node0", ["node0", "node1"], 29501, "/workspace/jobs", JOB_DIR)
+    words = shlex.split(shlex.split(command)[-1].split("&&", 1)[1])
+    first = base64.b64decode(words[words.index("--first") + 1]).decode()
+    others = base64.b64decode(words[words.index("--command") + 1]).decode()
+    assert "sport = :29501" in first and node_check.BACKLOG in first
+    assert "sport" not in others and node_check.BACKLOG not in others
+    assert others == node_script(None, "/workspace/jobs", JOB_DIR) and "docker" not in others
+
+
+class Mesh:
+    """The first node's mesh: this node runs in a shell; the others answer from ``answers``."""
+
+    def __init__(self, me: str, answers: Mapping[str, str]) -> None:
+        self.me = me
+        self.answers = answers
+        self.asked: list[tuple[tuple[str, ...], str]] = []
+
+    def run(self, node: str, command: str) -> str:
+        assert node == self.me
+        return subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False).stdout
+
+    def run_on(self, nodes: Any, command: str, pool: Any) -> dict[str, str]:
+        self.asked.append((tuple(nodes), command))
+        return {node: self.answers.get(node, "") for node in nodes}
+
+
+def test_the_first_node_runs_its_own_command_itself_and_the_others_at_once() -> None:
+    mesh = Mesh("node0", {"node1": "one\nup\n"})
+    answers = check.check_all(
+        mesh, ["node0", "node1", "node2"], "echo first; echo up", "echo other", pool=None
+    )  # type: ignore[arg-type]
+    assert answers == {
+        "node0": "first\nup\n",
+        "node1": "one\nup\n",
+        "node2": check.NO_ANSWER.format(me="node0"),
+    }
+    assert mesh.asked == [(("node1", "node2"), "echo other")]
+
+
+def test_the_module_answers_one_json_line() -> None:
+    # This machine as the only node: its own command runs in its shell, no ssh.
+    me = socket.gethostname()
+    encoded = [base64.b64encode(text.encode()).decode() for text in ("echo mine; echo up", "echo other")]
+    done = subprocess.run(
+        [sys.executable, "-m", check.MODULE, "--nodes", me, "--first", encoded[0], "--command", encoded[1]],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == {"answers": {me: "mine\nup\n"}}
+    assert node_check.CHECK_MODULE == check.MODULE
