@@ -174,7 +174,11 @@ suites: test-deps base-image registry image
 	  build/test-local.log "$(MAKE) --no-print-directory e2e" \
 	  build/test-sim.log "$(MAKE) --no-print-directory molecule sim-e2e MOLECULE_DEPS=test-deps"
 
-test: lint unit suites
+# The linters and the unit tests side by side (each mostly computes, on its own core; output per target), then the
+# container suites: 2-3 minutes less than one after the other on a 2-core machine.
+test:
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint unit
+	@$(MAKE) --no-print-directory suites
 
 bench: test-deps base-image registry
 	$(BIN)/python bench/bench_site.py
