@@ -32,8 +32,9 @@ by itself, per file put or fetched, per bin/ssh start).
 Targets (printed, checked where the N was run): warm site.yml on 1152 servers <= 120 s; controller CPU per
 server at 1152 <= 1.3x that at 128; train.yml's plan on 1152 <= 30 s.
 
-    .venv/bin/python bench/bench_controller.py --servers 128,1152 --json FILE [--stages bringup,warm,plan]
+    .venv/bin/python bench/bench_controller.py --servers 128,1152 --json FILE   # auto: 128 up, 1152 seeded
     .venv/bin/python bench/bench_controller.py --servers 128,1152 --stages warm,plan   # seeded servers
+    .venv/bin/python bench/bench_controller.py --servers 1152 --stages bringup,warm,plan   # hours at 1152
         [--forks 64] [--repo PATH] [--keep]
 
 --repo runs another checkout's playbooks and package with this one's stand-ins (a baseline: a git worktree of
@@ -70,6 +71,9 @@ STAGES = ("bringup", "warm", "plan")
 # The tags of train.yml's tasks from the job's start on: the plan stage runs everything before them.
 PLAN_SKIP = "ddp_job_run,ddp_job_collect"
 TARGET_WARM_S, TARGET_CPU_RATIO, TARGET_PLAN_S = 120.0, 1.3, 30.0
+# --stages auto (the default): a real bring-up up to this many servers, seeded servers above (a bring-up costs
+# the controller about 4 CPU-s per server: minutes at 128, over an hour at 1152).
+BRINGUP_UP_TO = 128
 
 
 class BenchError(Exception):
@@ -336,31 +340,43 @@ def report(results: dict[str, dict[str, Any]]) -> str:
     return table(rows, ("servers", *(title for _, title in columns)))
 
 
+def stages_for(count: int, stages: list[str], auto: bool) -> list[str]:
+    """The stages run at ``count`` servers: as asked, or with --stages auto a real bring-up up to
+    BRINGUP_UP_TO servers and seeded servers above."""
+    if auto and count > BRINGUP_UP_TO:
+        return [stage for stage in stages if stage != "bringup"]
+    return stages
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", default="128,1152", help="virtual server counts, comma-separated")
     parser.add_argument("--json", type=Path, help="write the figures here ({N: {...}})")
     parser.add_argument(
         "--stages",
-        default=",".join(STAGES),
-        help="of bringup,warm,plan (without bringup: servers seeded from a real bring-up of 4)",
+        default="auto",
+        help="of bringup,warm,plan (without bringup: servers seeded from a real bring-up of 4); auto"
+        f" (default): all three up to {BRINGUP_UP_TO} servers, warm,plan on seeded servers above",
     )
     parser.add_argument("--forks", type=int, default=64)
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose playbooks run")
     parser.add_argument("--keep", action="store_true", help="keep each N's virtual servers and logs")
     args = parser.parse_args()
-    stages = [stage for stage in args.stages.split(",") if stage]
+    auto = args.stages == "auto"
+    stages = list(STAGES) if auto else [stage for stage in args.stages.split(",") if stage]
     unknown = sorted(set(stages) - set(STAGES))
     if unknown:
         parser.error(f"unknown stage(s) {unknown}: pick among {', '.join(STAGES)}")
     results: dict[str, dict[str, Any]] = {}
     repo, source = args.repo.resolve(), None
+    counts = sorted(int(n) for n in args.servers.split(",") if n)
+    plans = {count: stages_for(count, stages, auto) for count in counts}
     try:
-        if "bringup" not in stages:  # one template for every N
+        if any("bringup" not in plan for plan in plans.values()):  # one template for every seeded N
             source = template(repo, args.forks)
             print(f"template: {seed.TEMPLATE_SERVERS} servers brought up in {source}", flush=True)
-        for count in sorted(int(n) for n in args.servers.split(",") if n):
-            results[str(count)] = bench(count, stages, repo, args.forks, args.keep, source)
+        for count in counts:
+            results[str(count)] = bench(count, plans[count], repo, args.forks, args.keep, source)
             print(f"{count} servers: {json.dumps(results[str(count)])}", flush=True)
             if args.json:  # after each N: a long run keeps what it measured
                 args.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n", encoding="utf-8")

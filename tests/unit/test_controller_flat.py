@@ -159,3 +159,33 @@ def test_a_template_server_unlike_its_model_fails_the_seed(
     assert rewrite("/var/lib/ddp-cluster/vs1/etc", "a path") == "/var/lib/ddp-cluster/vs1/etc"
     with pytest.raises(seed.SeedError, match="names vs0 outside the cluster's lists"):
         rewrite("peer vs0 only", "a file")
+
+
+# --- train.yml before a rank starts: one call to the first node, whatever the size ----------------------
+
+
+def test_the_jobs_checks_cost_the_controller_one_slot_and_two_commands_at_any_size(
+    bringups: dict[int, tuple[Path, dict[str, Any]]],
+) -> None:
+    # The plan (its drained nodes' read through the first node) and the checks of every node (one command on
+    # the first node's server): the same task slots on servers and the same ssh commands at 2 and 8 servers.
+    totals = {}
+    for count, (folder, _) in bringups.items():
+        args = ["train.yml", "--check", "-e", f"nodes={count}", "-e", "job_id=flat-plan",
+                "--skip-tags", bench_controller.PLAN_SKIP]  # fmt: skip
+        run = bench_controller.run_stage("plan", count, folder, REPO, 64, args)
+        assert "TASK [ddp_job : Check that the job can start on every node" in run["output"], run["output"][
+            -3000:
+        ]
+        slots = run["slots_by_host"]
+        assert {host for host, n in slots.items() if n} == {"vs0"}, slots  # the first server only
+        totals[count] = (sum(slots.values()), round(run["ssh_per_server"] * count))
+    assert totals[SIZES[0]] == totals[SIZES[1]], totals
+    assert totals[SIZES[1]][1] == 2, totals
+
+
+def test_auto_brings_the_servers_up_up_to_128_and_seeds_them_above() -> None:
+    every = list(bench_controller.STAGES)
+    assert bench_controller.stages_for(128, every, auto=True) == every
+    assert bench_controller.stages_for(1152, every, auto=True) == ["warm", "plan"]
+    assert bench_controller.stages_for(1152, every, auto=False) == every
