@@ -40,6 +40,16 @@ BACKLOG_MAX = 65535
 CHECK_MODULE = "ddp_cluster.supervisor.check"
 
 
+def listening(port: int | None) -> str:
+    """The first node's lines on its master port (``listening:``, what holds it) and its listen backlog."""
+    if not port:
+        return ""
+    return (
+        f"(ss -Htln 'sport = :{port}' | sed 's/^/listening: /');"
+        f" echo {BACKLOG}$(cat /proc/sys/net/core/somaxconn); "
+    )
+
+
 def check_script(
     container: str,
     port: int | None,
@@ -52,13 +62,7 @@ def check_script(
     server) is there already; ``listening:`` lines, the node's jobs (one JSON line) and ``up`` from the
     container (``down: RC`` when it does not answer), then a ``ping`` line per target. ``jobs``: the jobs'
     directory in the node (/workspace/jobs)."""
-    listening = (
-        f"(ss -Htln 'sport = :{port}' | sed 's/^/listening: /');"
-        f" echo {BACKLOG}$(cat /proc/sys/net/core/somaxconn); "
-        if port
-        else ""
-    )
-    in_node = f"{listening}({node_jobs.command(jobs)}); echo up"
+    in_node = f"{listening(port)}({node_jobs.command(jobs)}); echo up"
     lines = []
     if job_dir:
         lines.append(f"if [ -e {shlex.quote(job_dir)} ]; then echo {shlex.quote(EXISTS + job_dir)}; fi")
@@ -121,10 +125,10 @@ def problems(
         found.append(busy_problem(node, busy))
     if drained := drained_record(output):
         found.append(node_jobs.drained_message(node, drained))
-    listening = [line.removeprefix("listening: ") for line in lines if line.startswith("listening: ")]
-    if listening and not found:  # a busy node's job holds the port: the job is named already
+    holders = [line.removeprefix("listening: ") for line in lines if line.startswith("listening: ")]
+    if holders and not found:  # a busy node's job holds the port: the job is named already
         found.append(
-            f"{node}: the master port {port} is taken ({'; '.join(listening)}): stop what listens there"
+            f"{node}: the master port {port} is taken ({'; '.join(holders)}): stop what listens there"
             " (an earlier job?), or pick another port with -e cluster_master_port=PORT."
         )
     if problem := backlog_problem(node, lines, ranks):
@@ -200,14 +204,8 @@ def node_script(port: int | None, jobs: str, job_dir: str) -> str:
     """The check's command in a node (run by the first node: :mod:`ddp_cluster.supervisor.check`): what
     :func:`check_script` asks of the node container, without the server's ``docker exec`` (``exists:`` names
     the job's directory as the node sees it)."""
-    listening = (
-        f"(ss -Htln 'sport = :{port}' | sed 's/^/listening: /');"
-        f" echo {BACKLOG}$(cat /proc/sys/net/core/somaxconn); "
-        if port
-        else ""
-    )
     exists = f"if [ -e {shlex.quote(job_dir)} ]; then echo {shlex.quote(EXISTS + job_dir)}; fi; "
-    return f"{exists}{listening}({node_jobs.command(jobs)}); echo up"
+    return f"{exists}{listening(port)}({node_jobs.command(jobs)}); echo up"
 
 
 def encode(command: str) -> str:
