@@ -137,10 +137,28 @@ def test_the_first_nodes_container_down_is_named_and_nothing_else_is_asked() -> 
     )
 
 
+def test_the_first_node_going_down_while_a_busy_node_is_waited_for_fails_the_check() -> None:
+    class GoesDown(FirstNode):
+        def run(self, command: str) -> Done:
+            if len(self.commands) >= 1:
+                self.commands.append(command)
+                return Done(1, "", "Error response from daemon: container node0 is not running\n")
+            return super().run(command)
+
+    def said(node: str, call: int) -> str:
+        return f"{report(node, busy='J9' if node == 'node1' else '')}\nup\n"
+
+    result = check_nodes(
+        plan(["node0", "node1"], wait_for_nodes=True), GoesDown(said), say=print, sleep=print
+    )
+    assert result["failed"] is True
+    assert result["msg"].startswith("node0: the node container node0 does not run"), result
+
+
 def test_the_answers_line_is_read_past_other_output() -> None:
     line = json.dumps({"answers": {"a": "x\nup\n"}})
-    assert fanout_answers(f"a warning\n{line}\n", "a", ["a", "b"]) == {"a": "x\nup\n", "b": ""}
-    assert fanout_answers("no json", "a", ["a", "b"]) == {"a": "no json"}
+    assert fanout_answers(f"a warning\n{line}\n", ["a", "b"]) == {"a": "x\nup\n", "b": ""}
+    assert fanout_answers("no json", ["a", "b"]) is None
 
 
 def test_only_the_first_node_looks_at_the_master_port_and_the_backlog() -> None:

@@ -224,9 +224,9 @@ def fanout_command(first: str, nodes: Sequence[str], port: int, jobs: str, job_d
     return in_container(first, line, shell="/bin/bash")
 
 
-def fanout_answers(output: str, first: str, nodes: Sequence[str]) -> dict[str, str]:
-    """Node -> its check's output from the first node's JSON line; when the first node could not answer
-    (its container does not run), that output is the first node's and the others' are left unasked."""
+def fanout_answers(output: str, nodes: Sequence[str]) -> dict[str, str] | None:
+    """Node -> its check's output from the first node's JSON line; None when there is none (the first node
+    could not answer: its container does not run)."""
     for line in reversed(output.splitlines()):
         if line.startswith("{"):
             try:
@@ -235,7 +235,7 @@ def fanout_answers(output: str, first: str, nodes: Sequence[str]) -> dict[str, s
                 continue
             if isinstance(answers, dict):
                 return {node: str(answers.get(node, "")) for node in nodes}
-    return {first: output}
+    return None
 
 
 def check_nodes(
@@ -258,11 +258,15 @@ def check_nodes(
     pending, waited = list(nodes), False
     while pending:
         done = transport.run(fanout_command(first, pending, port, jobs, str(plan["job_dir"])))
-        answers = fanout_answers(done.stdout + ("\n" + done.stderr if done.stderr else ""), first, pending)
+        said = done.stdout + ("\n" + done.stderr if done.stderr else "")
+        answers = fanout_answers(said, pending)
+        if (
+            answers is None
+        ):  # the first node could not ask (its container does not run): nothing else is known
+            found[first] = problems(first, first, said, port, [], own=own, ranks=ranks)
+            break
         busy_now: list[str] = []
         for node in pending:
-            if node not in answers:
-                continue  # the first node did not answer: its own problem says why
             node_port = port if node == first else None
             # the job's directory named as on the node's server (its workspace), as the user finds it
             where = str((plan.get("host_dirs") or {}).get(node) or plan["job_dir"])
