@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ddp_cluster.job import node_check
@@ -172,11 +173,16 @@ def test_only_the_first_node_looks_at_the_master_port_and_the_backlog() -> None:
 
 
 class Mesh:
-    """The first node's mesh: this node runs in a shell; the others answer from ``answers``."""
+    """The first node's mesh: this node runs in a shell; the others answer from ``answers``; a fresh login
+    to a node not in ``answers`` fails as ssh says ``refusal``."""
 
-    def __init__(self, me: str, answers: Mapping[str, str]) -> None:
+    def __init__(
+        self, me: str, answers: Mapping[str, str], refusal: str = "Host key verification failed."
+    ) -> None:
         self.me = me
         self.answers = answers
+        self.refusal = refusal
+        self.ssh_timeout = 3
         self.asked: list[tuple[tuple[str, ...], str]] = []
 
     def run(self, node: str, command: str) -> str:
@@ -187,18 +193,73 @@ class Mesh:
         self.asked.append((tuple(nodes), command))
         return {node: self.answers.get(node, "") for node in nodes}
 
+    def ssh(self, node: str, *options: str) -> list[str]:
+        assert "ControlPath=none" in options  # the reason is asked on a login of its own
+        if node in self.answers:
+            return ["/bin/sh", "-c", "exit 0", "--"]
+        return ["/bin/sh", "-c", f"echo {shlex.quote(self.refusal)} >&2; exit 255", "--"]
+
 
 def test_the_first_node_runs_its_own_command_itself_and_the_others_at_once() -> None:
     mesh = Mesh("node0", {"node1": "one\nup\n"})
-    answers = check.check_all(
-        mesh, ["node0", "node1", "node2"], "echo first; echo up", "echo other", pool=None
-    )  # type: ignore[arg-type]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        nodes = ["node0", "node1", "node2"]
+        answers = check.check_all(mesh, nodes, "echo first; echo up", "echo other", pool)  # type: ignore[arg-type]
     assert answers == {
         "node0": "first\nup\n",
         "node1": "one\nup\n",
-        "node2": check.NO_ANSWER.format(me="node0"),
+        "node2": check.NO_ANSWER.format(me="node0") + ": Host key verification failed.",
     }
     assert mesh.asked == [(("node1", "node2"), "echo other")]
+
+
+def test_a_node_that_does_not_answer_is_named_with_ssh_s_reason() -> None:
+    mesh = Mesh("node0", {}, refusal="ssh: connect to host node1 port 2222: Connection refused")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = check.check_all(mesh, ["node0", "node1"], "echo up", "echo up", pool)  # type: ignore[arg-type]
+    said = answers["node1"]
+    message = node_check.problems("node1", "node1", said, None, [])
+    assert message == [
+        "node1: the node container node1 does not run (down: no answer over the mesh's ssh from node0: ssh:"
+        " connect to host node1 port 2222: Connection refused): bring the cluster up with `ansible-playbook"
+        " site.yml`, then run train.yml again."
+    ]
+
+
+def test_the_first_node_is_named_by_the_plan_not_by_its_hostname() -> None:
+    command = fanout_command("n0", ["n0", "n1"], 29501, "/workspace/jobs", JOB_DIR)
+    words = shlex.split(shlex.split(command)[-1].split("&&", 1)[1])
+    assert words[words.index("--me") + 1] == "n0"
+
+
+def test_every_busy_node_is_announced_once() -> None:
+    said_lines: list[str] = []
+
+    def said(node: str, call: int) -> str:
+        busy = {"node1": "J8", "node2": "J9"}.get(node, "") if call <= 2 else ""
+        return f"{report(node, busy=busy)}\nup\n"
+
+    result = check_nodes(
+        plan(["node0", "node1", "node2"], wait_for_nodes=True),
+        FirstNode(said),
+        say=said_lines.append,
+        sleep=print,
+    )
+    assert result["waited"] is True
+    assert said_lines == [
+        "node1: runs job J8: waiting for it (wait=true)",
+        "node2: runs job J9: waiting for it (wait=true)",
+    ]
+
+
+def test_a_thousand_nodes_down_are_counted_past_the_first_twenty() -> None:
+    nodes = [f"n{index}" for index in range(1000)]
+    result = check_nodes(
+        plan(nodes), FirstNode(lambda node, call: None if node != "n0" else idle(node, call))
+    )
+    message = result["msg"]
+    assert message.count("does not run") == node_check.NAMED_PROBLEMS
+    assert message.endswith("And 979 more node(s) with problems: n21, n22, n23, n24, ..., n999.")
 
 
 def test_the_module_answers_one_json_line() -> None:

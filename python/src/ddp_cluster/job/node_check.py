@@ -36,6 +36,8 @@ EXISTS = "exists: "
 BACKLOG = "somaxconn: "
 # Linux's largest listen backlog cluster_host sets (a larger job gets what the kernel allows: no refusal).
 BACKLOG_MAX = 65535
+# Nodes whose problems the check's failure spells out; the others are named after them.
+NAMED_PROBLEMS = 20
 # What the first node runs to check every node (its container's Python; the commands in base64).
 CHECK_MODULE = "ddp_cluster.supervisor.check"
 
@@ -216,6 +218,7 @@ def fanout_command(first: str, nodes: Sequence[str], port: int, jobs: str, job_d
     """The first node's server's command: the first node's container checks ``nodes`` (itself included) and
     prints one JSON line, node -> its check's output."""
     words = (
+        "--me", first,
         "--nodes", ",".join(nodes),
         "--first", encode(node_script(port, jobs, job_dir)),
         "--command", encode(node_script(None, jobs, job_dir)),
@@ -255,7 +258,7 @@ def check_nodes(
     jobs = node_jobs.jobs_dir(str(plan["job_dir"]))
     deadline = clock() + float(plan["timeout"])
     found: dict[str, list[str]] = {}
-    pending, waited = list(nodes), False
+    pending, announced = list(nodes), set[str]()
     while pending:
         done = transport.run(fanout_command(first, pending, port, jobs, str(plan["job_dir"])))
         said = done.stdout + ("\n" + done.stderr if done.stderr else "")
@@ -270,17 +273,17 @@ def check_nodes(
             node_port = port if node == first else None
             # the job's directory named as on the node's server (its workspace), as the user finds it
             where = str((plan.get("host_dirs") or {}).get(node) or plan["job_dir"])
-            output = answers[node].replace(EXISTS + str(plan["job_dir"]), EXISTS + where)
-            problems_here = problems(node, node, output, node_port, [], own=own, ranks=ranks)
-            busy = busy_jobs(output, own)
+            answer = answers[node].replace(EXISTS + str(plan["job_dir"]), EXISTS + where)
+            problems_here = problems(node, node, answer, node_port, [], own=own, ranks=ranks)
+            busy = busy_jobs(answer, own)
             waiting = [
                 problem for problem in problems_here if not problem.startswith(f"{node}: the master port")
             ]
             if busy and plan.get("wait_for_nodes") and len(waiting) == 1 and clock() < deadline:
                 busy_now.append(node)
-                if not waited:
+                if node not in announced:
                     say(f"{node}: runs job {', '.join(busy)}: waiting for it (wait=true)")
-                    waited = True
+                    announced.add(node)
                 continue
             if problems_here:
                 found[node] = problems_here
@@ -288,5 +291,11 @@ def check_nodes(
         if pending:
             sleep(BUSY_POLL)
     if found:
-        return {"failed": True, "msg": " ".join(problem for node in nodes for problem in found.get(node, []))}
-    return {"changed": False, "checked": len(nodes), "waited": waited}
+        named = [node for node in nodes if node in found]
+        spelled = [problem for node in named[:NAMED_PROBLEMS] for problem in found[node]]
+        rest = named[NAMED_PROBLEMS:]
+        if rest:  # a thousand nodes' lines say less than a count
+            listed = ", ".join(rest) if len(rest) <= 8 else f"{', '.join(rest[:4])}, ..., {rest[-1]}"
+            spelled.append(f"And {len(rest)} more node(s) with problems: {listed}.")
+        return {"failed": True, "msg": " ".join(spelled)}
+    return {"changed": False, "checked": len(nodes), "waited": bool(announced)}
