@@ -275,3 +275,20 @@ def test_the_module_answers_one_json_line() -> None:
     )
     assert json.loads(done.stdout.splitlines()[-1]) == {"answers": {me: "mine\nup\n"}}
     assert node_check.CHECK_MODULE == check.MODULE
+
+
+def test_the_nodes_check_is_no_job_process_for_another_jobs_check(tmp_path: Any) -> None:
+    # Two jobs checked at once on the same nodes: each one's shell must not be taken for a process of its job.
+    jobs = str(tmp_path / "jobs")
+    script = node_script(None, jobs, f"{jobs}/J1")
+    assert f"{jobs}/" not in script
+    (tmp_path / "jobs" / "J1").mkdir(parents=True)
+    shell = subprocess.Popen(["/bin/sh", "-c", f"{script.split(' (', 1)[0]} sleep 5"], stdout=subprocess.PIPE)
+    try:
+        from ddp_cluster.supervisor import jobs as node_jobs_here
+
+        assert node_jobs_here.running(jobs)[0] == {}  # no job runs there, the check's shell included
+    finally:
+        shell.kill()
+        out = shell.communicate()[0].decode()
+    assert out.splitlines()[0] == f"{node_check.EXISTS}{jobs}/J1"

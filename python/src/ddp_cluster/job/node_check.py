@@ -205,8 +205,12 @@ def check_node(
 def node_script(port: int | None, jobs: str, job_dir: str) -> str:
     """The check's command in a node (run by the first node: :mod:`ddp_cluster.supervisor.check`): what
     :func:`check_script` asks of the node container, without the server's ``docker exec`` (``exists:`` names
-    the job's directory as the node sees it)."""
-    exists = f"if [ -e {shlex.quote(job_dir)} ]; then echo {shlex.quote(EXISTS + job_dir)}; fi; "
+    the job's directory as the node sees it). The job's directory never appears whole in the command
+    line: the node's answer of which jobs run there (:mod:`ddp_cluster.supervisor.jobs`) counts every
+    process whose command line holds ``JOBS/ID``, so two jobs' checks at once would each take the other's
+    shell for a job."""
+    job = shlex.quote(job_dir.rstrip("/").rsplit("/", 1)[-1])
+    exists = f'd={shlex.quote(jobs)}; if [ -e "$d/"{job} ]; then echo "{EXISTS}$d/"{job}; fi; '
     return f"{exists}{listening(port)}({node_jobs.command(jobs)}); echo up"
 
 
