@@ -283,12 +283,16 @@ def test_the_nodes_check_is_no_job_process_for_another_jobs_check(tmp_path: Any)
     script = node_script(None, jobs, f"{jobs}/J1")
     assert f"{jobs}/" not in script
     (tmp_path / "jobs" / "J1").mkdir(parents=True)
-    shell = subprocess.Popen(["/bin/sh", "-c", f"{script.split(' (', 1)[0]} sleep 5"], stdout=subprocess.PIPE)
+    shell = subprocess.Popen(
+        ["/bin/sh", "-c", f"{script.split(' (', 1)[0]} sleep 30"], stdout=subprocess.PIPE, text=True
+    )
     try:
+        assert shell.stdout is not None
+        said = shell.stdout.readline()  # the test ran; its shell now sleeps, still the same command line
         from ddp_cluster.supervisor import jobs as node_jobs_here
 
         assert node_jobs_here.running(jobs)[0] == {}  # no job runs there, the check's shell included
     finally:
         shell.kill()
-        out = shell.communicate()[0].decode()
-    assert out.splitlines()[0] == f"{node_check.EXISTS}{jobs}/J1"
+        shell.wait()
+    assert said == f"{node_check.EXISTS}{jobs}/J1\n"
