@@ -18,7 +18,7 @@ from typing import Any
 from ddp_cluster.job import node_check
 from ddp_cluster.job.node_check import check_nodes, fanout_answers, fanout_command, node_script
 from ddp_cluster.job.transport import Done
-from ddp_cluster.supervisor import check
+from ddp_cluster.supervisor import check, remote
 
 JOB_DIR = "/workspace/jobs/J1"
 
@@ -172,17 +172,16 @@ def test_only_the_first_node_looks_at_the_master_port_and_the_backlog() -> None:
     assert others == node_script(None, "/workspace/jobs", JOB_DIR) and "docker" not in others
 
 
-class Mesh:
+class Mesh(remote.Mesh):
     """The first node's mesh: this node runs in a shell; the others answer from ``answers``; a fresh login
-    to a node not in ``answers`` fails as ssh says ``refusal``."""
+    to a node not in ``answers`` fails as ssh says ``refusal`` (the real ``send`` runs it)."""
 
     def __init__(
         self, me: str, answers: Mapping[str, str], refusal: str = "Host key verification failed."
     ) -> None:
-        self.me = me
+        super().__init__(me)
         self.answers = answers
         self.refusal = refusal
-        self.ssh_timeout = 3
         self.asked: list[tuple[tuple[str, ...], str]] = []
 
     def run(self, node: str, command: str) -> str:
@@ -204,7 +203,7 @@ def test_the_first_node_runs_its_own_command_itself_and_the_others_at_once() -> 
     mesh = Mesh("node0", {"node1": "one\nup\n"})
     with ThreadPoolExecutor(max_workers=4) as pool:
         nodes = ["node0", "node1", "node2"]
-        answers = check.check_all(mesh, nodes, "echo first; echo up", "echo other", pool)  # type: ignore[arg-type]
+        answers = check.check_all(mesh, nodes, "echo first; echo up", "echo other", pool)
     assert answers == {
         "node0": "first\nup\n",
         "node1": "one\nup\n",
@@ -216,7 +215,7 @@ def test_the_first_node_runs_its_own_command_itself_and_the_others_at_once() -> 
 def test_a_node_that_does_not_answer_is_named_with_ssh_s_reason() -> None:
     mesh = Mesh("node0", {}, refusal="ssh: connect to host node1 port 2222: Connection refused")
     with ThreadPoolExecutor(max_workers=4) as pool:
-        answers = check.check_all(mesh, ["node0", "node1"], "echo up", "echo up", pool)  # type: ignore[arg-type]
+        answers = check.check_all(mesh, ["node0", "node1"], "echo up", "echo up", pool)
     said = answers["node1"]
     message = node_check.problems("node1", "node1", said, None, [])
     assert message == [

@@ -52,6 +52,21 @@ def listening(port: int | None) -> str:
     )
 
 
+def in_node(port: int | None, jobs: str) -> str:
+    """What the check asks in a node: on the first node (``port``) the master port and the backlog, then the
+    node's jobs (one JSON line) and ``up``."""
+    return f"{listening(port)}({node_jobs.command(jobs)}); echo up"
+
+
+def waits(
+    node: str, found: Sequence[str], busy: Mapping[str, Any], plan: Mapping[str, Any], in_time: bool
+) -> bool:
+    """wait=true: a node busy with another job and nothing else wrong with it is waited for, within the job's
+    time bound (its master port, taken, is that job's)."""
+    others = [problem for problem in found if not problem.startswith(f"{node}: the master port")]
+    return bool(busy and plan.get("wait_for_nodes") and len(others) == 1 and in_time)
+
+
 def check_script(
     container: str,
     port: int | None,
@@ -64,11 +79,10 @@ def check_script(
     server) is there already; ``listening:`` lines, the node's jobs (one JSON line) and ``up`` from the
     container (``down: RC`` when it does not answer), then a ``ping`` line per target. ``jobs``: the jobs'
     directory in the node (/workspace/jobs)."""
-    in_node = f"{listening(port)}({node_jobs.command(jobs)}); echo up"
     lines = []
     if job_dir:
         lines.append(f"if [ -e {shlex.quote(job_dir)} ]; then echo {shlex.quote(EXISTS + job_dir)}; fi")
-    lines.append(f"{in_container(container, in_node)} 2>&1 || echo down: $?")
+    lines.append(f"{in_container(container, in_node(port, jobs))} 2>&1 || echo down: $?")
     for target in targets:
         device, address = shlex.quote(str(target["device"])), shlex.quote(str(target["address"]))
         lines.append(
@@ -189,9 +203,7 @@ def check_node(
         output = transport.run(script).stdout
         found = problems(node, node, output, port, targets, own=own, ranks=ranks)
         busy = busy_jobs(output, own)
-        # wait=true: a node busy with another job is waited for (its master port is that job's)
-        waiting = [problem for problem in found if not problem.startswith(f"{node}: the master port")]
-        if not (busy and plan.get("wait_for_nodes") and len(waiting) == 1 and clock() < deadline):
+        if not waits(node, found, busy, plan, clock() < deadline):
             break
         if not waited:
             say(f"{node}: runs job {', '.join(busy)}: waiting for it (wait=true)")
@@ -211,7 +223,7 @@ def node_script(port: int | None, jobs: str, job_dir: str) -> str:
     shell for a job."""
     job = shlex.quote(job_dir.rstrip("/").rsplit("/", 1)[-1])
     exists = f'd={shlex.quote(jobs)}; if [ -e "$d/"{job} ]; then echo "{EXISTS}$d/"{job}; fi; '
-    return f"{exists}{listening(port)}({node_jobs.command(jobs)}); echo up"
+    return f"{exists}{in_node(port, jobs)}"
 
 
 def encode(command: str) -> str:
@@ -267,9 +279,7 @@ def check_nodes(
         done = transport.run(fanout_command(first, pending, port, jobs, str(plan["job_dir"])))
         said = done.stdout + ("\n" + done.stderr if done.stderr else "")
         answers = fanout_answers(said, pending)
-        if (
-            answers is None
-        ):  # the first node could not ask (its container does not run): nothing else is known
+        if answers is None:  # the first node could not ask (its container is down): nothing else is known
             found[first] = problems(first, first, said, port, [], own=own, ranks=ranks)
             break
         busy_now: list[str] = []
@@ -280,10 +290,7 @@ def check_nodes(
             answer = answers[node].replace(EXISTS + str(plan["job_dir"]), EXISTS + where)
             problems_here = problems(node, node, answer, node_port, [], own=own, ranks=ranks)
             busy = busy_jobs(answer, own)
-            waiting = [
-                problem for problem in problems_here if not problem.startswith(f"{node}: the master port")
-            ]
-            if busy and plan.get("wait_for_nodes") and len(waiting) == 1 and clock() < deadline:
+            if waits(node, problems_here, busy, plan, clock() < deadline):
                 busy_now.append(node)
                 if node not in announced:
                     say(f"{node}: runs job {', '.join(busy)}: waiting for it (wait=true)")

@@ -19,7 +19,6 @@ import argparse
 import base64
 import json
 import socket
-import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -40,19 +39,7 @@ def decode(word: str) -> str:
 def reason(mesh: Mesh, node: str) -> str:
     """Why ``node`` does not answer, in ssh's words ('' when it does now): a login of its own (not the shared
     connection, which may be the one that hangs), bounded."""
-    bound = mesh.ssh_timeout + 5
-    try:
-        done = subprocess.run(
-            [*mesh.ssh(node, *FRESH), "true"], capture_output=True, text=True, timeout=bound, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return f"no answer within {bound} s"
-    except OSError as error:
-        return f"ssh could not start: {error}"
-    if done.returncode == 0:
-        return ""
-    lines = done.stderr.strip().splitlines()
-    return lines[-1][:300] if lines else f"ssh exited with status {done.returncode}"
+    return mesh.send(node, "true", b"", mesh.ssh_timeout + 5, FRESH)
 
 
 def check_all(

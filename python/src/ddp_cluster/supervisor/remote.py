@@ -140,14 +140,20 @@ class Mesh:
                 )
         return None
 
-    def send(self, node: str, command: str, stdin: bytes | BinaryIO, timeout: float) -> str:
+    def send(
+        self, node: str, command: str, stdin: bytes | BinaryIO, timeout: float, options: Sequence[str] = ()
+    ) -> str:
         """Run ``command`` on ``node`` with ``stdin`` as its input (bytes, or a file ssh reads itself, never
         held in memory); '' when it succeeded, else what went wrong ("no answer within N s" past the
-        bound)."""
+        bound). ``options``: ssh's own (``FRESH``: a login of its own)."""
         feed: dict[str, Any] = {"input": stdin} if isinstance(stdin, bytes) else {"stdin": stdin}
         try:
             done = subprocess.run(
-                [*self.ssh(node), command], capture_output=True, timeout=timeout, check=False, **feed
+                [*self.ssh(node, *options), command],
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+                **feed,
             )
         except subprocess.TimeoutExpired:
             return f"no answer within {timeout:.0f} s"
