@@ -5,6 +5,7 @@ tests/sim/test_sim.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -195,13 +196,19 @@ def test_a_pull_that_does_not_finish_in_time_is_stopped_naming_the_bound(tmp_pat
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     held: list[socket.socket] = []
-    threading.Thread(
-        target=lambda: held.extend(iter(lambda: listener.accept()[0], None)), daemon=True
-    ).start()
+
+    def hold() -> None:  # every connection accepted and never answered, until the listener is closed
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=hold, daemon=True).start()
     base = f"127.0.0.1:{listener.getsockname()[1]}/ascend/cann:8.2.rc1"
     started = time.monotonic()
     result = image_stage(base, training_image_pull_timeout=8)
     listener.close()
+    for connection in held:
+        connection.close()
     assert_stopped_naming(result, base, "did not finish within training_image_pull_timeout (8 s)")
     assert time.monotonic() - started < 120
 

@@ -120,6 +120,7 @@ class Cluster:
         self.tails: dict[str, str] = {}  # node -> what a rank's log there ends with
         self.commands: list[tuple[str, str]] = []
         self.given: list[tuple[list[str], bytes]] = []
+        self.errors: dict[str, str] = {}  # node -> the exception lines of its ranks' logs
         self.real_run = supervisor.mesh.run
         monkeypatch.setattr(supervisor.mesh, "probe", self.probe)
         monkeypatch.setattr(supervisor.mesh, "run", self.on_node)
@@ -141,6 +142,8 @@ class Cluster:
             return json.dumps({"busy": ["j0"] if node in self.busy else []}) + "\n"
         if command.startswith("tail -n") and node in self.tails:
             return self.tails[node]
+        if command.startswith("for f in") and "| grep -E" in command:  # the exception lines of its ranks
+            return self.errors.get(node, "")
         if node == self.supervisor.me:
             return self.real_run(node, command)
         return ""
@@ -334,6 +337,27 @@ def test_the_users_error_in_the_failing_ranks_log_on_its_own_node_is_not_a_cause
     cluster.tails["n1"] = "[rank1]: " + ZERO_DIVISION.replace("\n", "\n[rank1]: ")
     failure = launcher_failure(text, supervisor.spec, 1)
     assert (failure.node, failure.rank) == ("n1", 1)
+    assert recovery.restart_cause(supervisor, failure) is None
+
+
+def test_a_peers_lost_connection_heard_first_is_no_cause_when_another_node_holds_the_users_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 on n1 raised the program's error; rank 0 here lost its gloo peer and mpirun heard of rank 0's
+    exit first. The other nodes are asked for their ranks' errors: n1's makes it no cause. Without one, the
+    lost connection is a cause; a stopped torchrun agent's SignalException is not the program's error."""
+    supervisor, cluster = faked(tmp_path, monkeypatch, nodes=["n0", "n1", "n2"])
+    log = supervisor.job_dir / "logs" / "1" / "rank.0" / "stdout"
+    log.parent.mkdir(parents=True)
+    log.write_text(GLOO_LINE + "\n")
+    (supervisor.job_dir / LAUNCHER_LOG).write_text("mpirun noticed that process rank 0 exited\n")
+    failure = Failure("a rank exited with an error", node="n0", rank=0, exit_code=1)
+    cluster.errors["n2"] = (
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 42 got signal: 15\n"
+    )
+    assert recovery.restart_cause(supervisor, failure) == GLOO_CAUSE
+    assert sorted(node for node, command in cluster.commands if "| grep -E" in command) == ["n1", "n2"]
+    cluster.errors["n1"] = "[rank1]: ZeroDivisionError: a bug of mine\n"
     assert recovery.restart_cause(supervisor, failure) is None
 
 

@@ -31,9 +31,10 @@ TORCHRUN_ROOT = re.compile(r"host\s*:\s*(\S+)\s*\n\s*rank\s*:\s*(\d+)[^\n]*\n\s*
 # Python error in the user's code, not the job's own time bound, not a stop.
 RESTARTABLE = ("node-down", "store-timeout", "nccl-timeout", "hccl-EI0002", "hccl-EI0006", "gloo-connection")
 # A Python exception's last line in a rank's log ("[rank1]: ZeroDivisionError: ..."), and the ones that are
-# the collectives' (a peer or the store gone): those a restart may cure.
+# the collectives' (a peer or the store gone) or the launcher's (torchrun's agent stopped by mpirun's SIGTERM
+# when another node failed: SignalException): those a restart may cure.
 EXCEPTION = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception))(?::\s*(.*))?$")
-COLLECTIVE = re.compile(r"(?:Dist(?:Backend|Network|Store)?Error|ChildFailedError)$")
+COLLECTIVE = re.compile(r"(?:Dist(?:Backend|Network|Store)?Error|ChildFailedError|SignalException)$")
 COLLECTIVE_TEXT = re.compile(r"gloo|nccl|hccl|connection|timed out|timeout|peer|socket|store", re.IGNORECASE)
 # The cause of a failure the telemetry found: a device of a node turned bad (supervisor.telemetry). A restart
 # may cure it, without that node (drained).

@@ -37,6 +37,12 @@ ATTEMPTS = "attempts"
 # The job's files, unpacked on every node before the launcher starts (see Supervisor.run).
 BUNDLE = jobspec.BUNDLE_FILE
 LAUNCHER_LOG = "launcher.log"
+# A node's answer to "did a rank here raise an error of the program?": the exception lines among the last
+# lines of each rank's log there (mpirun's, or torchrun's agent's with its ranks' lines), a few KiB at most.
+EXCEPTION_LINES = (
+    'for f in {logs}/*/rank.*/stdout; do tail -n 200 "$f"; done 2>/dev/null'
+    " | grep -E '(Error|Exception)(:|$)' | tail -n 64; true"
+)
 
 
 def newest_checkpoint(output: Path) -> tuple[str, int]:
@@ -85,9 +91,16 @@ def step_of(progress: Any) -> int | None:
     return None
 
 
-def restart_cause(supervisor: Supervisor, failure: Failure) -> str | None:
+def restart_cause(
+    supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor | None = None
+) -> str | None:
     """Why a restart could cure ``failure``, from this attempt's logs: the launcher's, the ranks' here, and
-    the failing rank's on its own node (mpirun writes a rank's log there); None when it cannot."""
+    the failing rank's on its own node (mpirun writes a rank's log there); None when it cannot.
+
+    The rank mpirun names is the first whose exit it heard of, not always the one that failed first: a
+    rank's peers here lose their connection as soon as it exits, and their exit is heard before its own on
+    another node. So a cause read from the logs (a collective's lost peer or timeout) stands only once the
+    other nodes' rank logs hold no error of the program (:data:`EXCEPTION_LINES`, asked of all at once)."""
     job_dir = supervisor.job_dir
     logs = sorted(path for path in (job_dir / "logs").rglob("*") if path.is_file())
     texts = [read_text(job_dir / LAUNCHER_LOG), *(read_text(log, 256 * 1024) for log in logs)]
@@ -95,14 +108,24 @@ def restart_cause(supervisor: Supervisor, failure: Failure) -> str | None:
     if curable and failure.node in supervisor.nodes and failure.node != supervisor.me:
         process = supervisor.nodes.index(failure.node) if supervisor.spec.agents else failure.rank
         texts.append("\n".join(supervisor.rank_log_tail(process or 0, failure.node)))
-    return failures.restart_cause(failure, texts)
+    cause = failures.restart_cause(failure, texts)
+    others = [node for node in supervisor.nodes if node != supervisor.me]
+    if cause is None or not curable or failure.cause or not others:
+        return cause
+    command = EXCEPTION_LINES.format(logs=shlex.quote(str(job_dir / "logs")))
+    if pool is None:
+        with ThreadPoolExecutor(max_workers=min(16, len(others))) as own:
+            said = supervisor.mesh.run_on(others, command, own)
+    else:
+        said = supervisor.mesh.run_on(others, command, pool)
+    return None if any(failures.users_error(text) for text in said.values()) else cause
 
 
 def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) -> bool:
     """After a failure, restart the job if it may be (max_restarts, the cause, enough nodes); False (the
     failure's reason then says why) when it is not restarted."""
     spec, done, mesh = supervisor.spec, len(supervisor.restarts), supervisor.mesh
-    cause = restart_cause(supervisor, failure)
+    cause = restart_cause(supervisor, failure, pool)
     lost_before = [item for record in supervisor.restarts for item in record.get("lost", [])]
     if cause is None or not spec.max_restarts:
         if spec.max_restarts and failure.restartable:
