@@ -42,11 +42,14 @@ def scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def scalars_within(directory: Path, seconds: float, tag: str) -> dict[str, list[tuple[int, float]]]:
-    """:func:`scalars` once ``tag`` is there, or at the deadline (the writer's thread writes them)."""
+    """:func:`scalars` once ``tag`` is there, or at the deadline (the writer's thread makes the directory and
+    writes them: TensorBoard's reader takes a directory not made yet for one deleted)."""
     deadline = time.monotonic() + seconds
-    while tag not in (series := scalars(directory)) and time.monotonic() < deadline:
+    while True:
+        series = scalars(directory) if directory.is_dir() else {}
+        if tag in series or time.monotonic() >= deadline:
+            return series
         time.sleep(0.1)
-    return series
 
 
 def event_files(directory: Path) -> list[Path]:
