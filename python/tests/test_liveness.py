@@ -224,7 +224,12 @@ def test_a_frozen_child_is_lost_within_its_timeout() -> None:
         assert "not heard from" in tree.why("node1") and "banner exchange" in tree.why("node1")
         calls = spawn.calls("node1")
         time.sleep(0.2)
-        assert spawn.calls("node1") == calls  # no more sessions to a lost node
+        # No more sessions to a lost node: at most the one its thread was starting as the verdict came (it
+        # sees the verdict once started, and ends it at once), then none.
+        settled = spawn.calls("node1")
+        assert settled - calls <= 1
+        time.sleep(0.3)
+        assert spawn.calls("node1") == settled
         assert tree.lost() == ["node1"]  # node2, heard all along, is not
 
 

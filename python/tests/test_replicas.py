@@ -250,6 +250,29 @@ def test_a_failing_place_waits_before_it_is_tried_again(tmp_path: Path) -> None:
     assert copier.finish(timeout=60) == [] and len(mesh.commands) == sent  # within RETRY_FIRST: not tried
 
 
+def test_finish_returns_a_copy_that_ended_as_soon_as_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy to a node that refuses at once can end before finish looks for the copies under way: its record
+    is still returned, not left for a poll that never comes."""
+    mesh = FakeMesh(tmp_path)
+    copier = Replicator(job_dir(tmp_path), ["n1"], "", JOB, mesh, python=sys.executable, node_env="")
+    mesh.down.add("n1")
+    write_checkpoint(folder(tmp_path), 1)
+    start_copies = copier.start_copies
+
+    def ended_at_once(failed: set[str] | None) -> list[dict[str, Any]]:
+        done = start_copies(failed)
+        for place in copier.places:
+            if place.thread is not None:
+                place.thread.join()
+        return done
+
+    monkeypatch.setattr(copier, "start_copies", ended_at_once)
+    [record] = copier.finish(timeout=60)
+    assert record["place"] == "n1" and not record["verified"] and "Connection refused" in record["error"]
+
+
 def test_a_forgotten_node_gets_nothing_and_retarget_names_the_new_set(tmp_path: Path) -> None:
     mesh = FakeMesh(tmp_path)
     copier = replicator(tmp_path, mesh, ["n1", "n2"])

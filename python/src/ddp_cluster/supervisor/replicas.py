@@ -253,6 +253,8 @@ class Replicator:
             done += self.start_copies(failed)
             with self.lock:
                 threads = [place.thread for place in self.places if place.thread and place.thread.is_alive()]
+                if not threads:  # the copies that ended since start_copies took the records (a fast failure)
+                    done, self.records = done + self.records, []
             if not threads or time.monotonic() >= deadline:
                 return done
             for thread in threads:
