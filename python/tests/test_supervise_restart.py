@@ -184,61 +184,75 @@ def lost(node: str) -> Failure:
 # --- what a restart can cure ---
 
 
-def test_a_lost_node_or_a_signal_can_be_cured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lost_node_or_a_signal_can_be_cured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
-    assert recovery.restart_cause(supervisor, lost("n1")) == "node n1 stopped answering"
+    assert recovery.restart_cause(supervisor, lost("n1"), pool) == "node n1 stopped answering"
     two = Failure("x", lost=("n1", "n2"))
-    assert recovery.restart_cause(supervisor, two) == "node n1, n2 stopped answering"
+    assert recovery.restart_cause(supervisor, two, pool) == "node n1, n2 stopped answering"
     killed = Failure("a rank was killed by a signal", node="n1", rank=1, signal=9)
-    assert recovery.restart_cause(supervisor, killed) == "rank 1 on n1 was killed by SIGKILL"
+    assert recovery.restart_cause(supervisor, killed, pool) == "rank 1 on n1 was killed by SIGKILL"
     agent = Failure("x", node="n1", signal=15)
-    assert recovery.restart_cause(supervisor, agent) == "n1 was killed by SIGTERM"
-    assert recovery.restart_cause(supervisor, Failure("x", signal=9)) == "a rank was killed by SIGKILL"
+    assert recovery.restart_cause(supervisor, agent, pool) == "n1 was killed by SIGTERM"
+    assert recovery.restart_cause(supervisor, Failure("x", signal=9), pool) == "a rank was killed by SIGKILL"
 
 
-def test_mpiruns_signal_line_is_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mpiruns_signal_line_is_a_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
     failure = launcher_failure((DATA / "mpirun-signal.log").read_text(), supervisor.spec, 1)
-    assert recovery.restart_cause(supervisor, failure) == "rank 1 on node1 was killed by SIGKILL"
+    assert recovery.restart_cause(supervisor, failure, pool) == "rank 1 on node1 was killed by SIGKILL"
 
 
-def test_a_stop_or_the_time_bound_is_never_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stop_or_the_time_bound_is_never_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
-    assert recovery.restart_cause(supervisor, Failure("stopped", lost=("n1",), restartable=False)) is None
-    assert recovery.restart_cause(supervisor, Failure("x", signal=9, restartable=False)) is None
+    assert (
+        recovery.restart_cause(supervisor, Failure("stopped", lost=("n1",), restartable=False), pool) is None
+    )
+    assert recovery.restart_cause(supervisor, Failure("x", signal=9, restartable=False), pool) is None
 
 
 def test_a_gloo_peer_lost_in_the_launchers_log_is_a_cause(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
 ) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
     (supervisor.job_dir / LAUNCHER_LOG).write_text(f"starting\n{GLOO_LINE}\n")
     assert (
-        recovery.restart_cause(supervisor, Failure("the launcher exited with status 1", exit_code=1))
+        recovery.restart_cause(supervisor, Failure("the launcher exited with status 1", exit_code=1), pool)
         == GLOO_CAUSE
     )
 
 
-def test_a_gloo_peer_lost_in_a_ranks_log_is_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gloo_peer_lost_in_a_ranks_log_is_a_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
     log = supervisor.job_dir / "logs" / "1" / "rank.0" / "stdout"
     log.parent.mkdir(parents=True)
     log.write_text(f"epoch 1\n{GLOO_LINE}\n")
     failure = Failure("a rank exited with an error", node="n0", rank=0, exit_code=1)
-    assert recovery.restart_cause(supervisor, failure) == GLOO_CAUSE
+    assert recovery.restart_cause(supervisor, failure, pool) == GLOO_CAUSE
 
 
-def test_the_store_timing_out_is_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_store_timing_out_is_a_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
     (supervisor.job_dir / LAUNCHER_LOG).write_text(
         (REPO / "python/tests/data/doctor/store-timeout.log").read_text()
     )
-    cause = recovery.restart_cause(supervisor, Failure("the launcher exited with status 1", exit_code=1))
+    cause = recovery.restart_cause(
+        supervisor, Failure("the launcher exited with status 1", exit_code=1), pool
+    )
     assert cause is not None and cause.startswith("the ranks could not meet at the rendezvous")
 
 
 def test_a_collective_timing_out_under_torchrun_is_a_cause(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
 ) -> None:
     """torchrun's worker on n1 says NCCL's watchdog timed out (its output, teed by its agent, reaches the
     launcher's log as mpirun forwards it, and its log on n1); the agent then reports the worker's exit
@@ -265,54 +279,58 @@ def test_a_collective_timing_out_under_torchrun_is_a_cause(
     cluster.tails["n1"] = watchdog
     failure = launcher_failure(text, supervisor.spec, 1)
     assert (failure.node, failure.rank, failure.exit_code, failure.signal) == ("n1", 1, 1, None)
-    cause = recovery.restart_cause(supervisor, failure)
+    cause = recovery.restart_cause(supervisor, failure, pool)
     assert cause is not None and cause.startswith("an NCCL collective timed out or lost its peer")
 
 
-def test_an_hccl_collective_timing_out_is_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_hccl_collective_timing_out_is_a_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
     """HCCL's EI0002 (a collective waited for a rank that never came) is HCCL's collective timeout."""
     supervisor, _ = faked(tmp_path, monkeypatch)
     text = (REPO / "python/tests/data/doctor/hccl-EI0002.log").read_text()
     (supervisor.job_dir / LAUNCHER_LOG).write_text(text)
     assert (
-        recovery.restart_cause(supervisor, Failure("the launcher exited with status 1", exit_code=1))
+        recovery.restart_cause(supervisor, Failure("the launcher exited with status 1", exit_code=1), pool)
         is not None
     )
 
 
-def test_the_users_python_error_is_not_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_users_python_error_is_not_a_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
     log = supervisor.job_dir / "logs" / "1" / "rank.1" / "stdout"
     log.parent.mkdir(parents=True)
     log.write_text(ZERO_DIVISION)
     (supervisor.job_dir / LAUNCHER_LOG).write_text("mpirun noticed that process rank 1 exited\n")
     failure = Failure("a rank exited with an error", node="n1", rank=1, exit_code=1)
-    assert recovery.restart_cause(supervisor, failure) is None
+    assert recovery.restart_cause(supervisor, failure, pool) is None
 
 
 def test_a_cause_no_restart_cures_outranks_its_peers_lost_connection(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
 ) -> None:
     """Rank 1 cannot use the job's device (the same on a restart); rank 0's gloo collective then lost it."""
     supervisor, _ = faked(tmp_path, monkeypatch)
     unusable = (REPO / "python/tests/data/doctor/device-unusable.log").read_text()
     (supervisor.job_dir / LAUNCHER_LOG).write_text(f"{unusable}\n{GLOO_LINE}\n")
     failure = Failure("a rank exited with an error", node="n1", rank=1, exit_code=1)
-    assert recovery.restart_cause(supervisor, failure) is None
+    assert recovery.restart_cause(supervisor, failure, pool) is None
 
 
 def test_a_rank_that_exited_first_with_the_users_error_is_not_a_cause(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
 ) -> None:
     supervisor, _ = faked(tmp_path, monkeypatch)
     log = f"{ZERO_DIVISION}{GLOO_LINE}\nrank 1 on node n1 exited with code 1 first\n"
     (supervisor.job_dir / LAUNCHER_LOG).write_text(log)
     failure = Failure("a rank exited with an error", node="n1", rank=1, exit_code=1)
-    assert recovery.restart_cause(supervisor, failure) is None
+    assert recovery.restart_cause(supervisor, failure, pool) is None
 
 
 def test_a_rank_that_exited_with_an_error_while_its_peer_lost_the_connection_is_not_a_cause(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
 ) -> None:
     """Real mpirun 4.1 output: rank 1 exited with code 3, rank 0's gloo collective then lost its peer; rank
     1's log (here, where mpirun writes it) holds the program's own error."""
@@ -324,11 +342,11 @@ def test_a_rank_that_exited_with_an_error_while_its_peer_lost_the_connection_is_
     log.write_text(ZERO_DIVISION)
     failure = launcher_failure(text, supervisor.spec, 1)
     assert (failure.rank, failure.exit_code, failure.signal) == (1, 3, None)
-    assert recovery.restart_cause(supervisor, failure) is None
+    assert recovery.restart_cause(supervisor, failure, pool) is None
 
 
 def test_the_users_error_in_the_failing_ranks_log_on_its_own_node_is_not_a_cause(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
 ) -> None:
     """As above, but rank 1's log is on n1 (mpirun writes a rank's log on its node): it is read there."""
     supervisor, cluster = faked(tmp_path, monkeypatch)
@@ -337,11 +355,11 @@ def test_the_users_error_in_the_failing_ranks_log_on_its_own_node_is_not_a_cause
     cluster.tails["n1"] = "[rank1]: " + ZERO_DIVISION.replace("\n", "\n[rank1]: ")
     failure = launcher_failure(text, supervisor.spec, 1)
     assert (failure.node, failure.rank) == ("n1", 1)
-    assert recovery.restart_cause(supervisor, failure) is None
+    assert recovery.restart_cause(supervisor, failure, pool) is None
 
 
 def test_a_peers_lost_connection_heard_first_is_no_cause_when_another_node_holds_the_users_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
 ) -> None:
     """Rank 1 on n1 raised the program's error; rank 0 here lost its gloo peer and mpirun heard of rank 0's
     exit first. The other nodes are asked for their ranks' errors: n1's makes it no cause. Without one, the
@@ -355,10 +373,10 @@ def test_a_peers_lost_connection_heard_first_is_no_cause_when_another_node_holds
     cluster.errors["n2"] = (
         "torch.distributed.elastic.multiprocessing.api.SignalException: Process 42 got signal: 15\n"
     )
-    assert recovery.restart_cause(supervisor, failure) == GLOO_CAUSE
+    assert recovery.restart_cause(supervisor, failure, pool) == GLOO_CAUSE
     assert sorted(node for node, command in cluster.commands if "| grep -E" in command) == ["n1", "n2"]
     cluster.errors["n1"] = "[rank1]: ZeroDivisionError: a bug of mine\n"
-    assert recovery.restart_cause(supervisor, failure) is None
+    assert recovery.restart_cause(supervisor, failure, pool) is None
 
 
 # --- the restart ---

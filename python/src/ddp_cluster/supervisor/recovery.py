@@ -91,9 +91,7 @@ def step_of(progress: Any) -> int | None:
     return None
 
 
-def restart_cause(
-    supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor | None = None
-) -> str | None:
+def restart_cause(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) -> str | None:
     """Why a restart could cure ``failure``, from this attempt's logs: the launcher's, the ranks' here, and
     the failing rank's on its own node (mpirun writes a rank's log there); None when it cannot.
 
@@ -113,11 +111,7 @@ def restart_cause(
     if cause is None or not curable or failure.cause or not others:
         return cause
     command = EXCEPTION_LINES.format(logs=shlex.quote(str(job_dir / "logs")))
-    if pool is None:
-        with ThreadPoolExecutor(max_workers=min(16, len(others))) as own:
-            said = supervisor.mesh.run_on(others, command, own)
-    else:
-        said = supervisor.mesh.run_on(others, command, pool)
+    said = supervisor.mesh.run_on(others, command, pool)
     return None if any(failures.users_error(text) for text in said.values()) else cause
 
 
