@@ -186,5 +186,7 @@ bench: test-deps base-image registry
 	$(BIN)/python bench/bench_launch.py
 	$(BIN)/python bench/bench_distribution.py
 
+# A node where a job runs is refused, naming the job, and nothing is removed; FORCE=true stops the jobs first.
+# The jobs' results under runs/ are never removed.
 clean: venv
-	ansible-playbook playbooks/teardown.yml
+	ansible-playbook playbooks/teardown.yml $(if $(FORCE),-e force=$(FORCE))

@@ -8,7 +8,7 @@ import re
 import uuid
 from pathlib import Path
 
-from conftest import REPO, PlaybookResult, run_playbook
+from conftest import REPO, STATE_DIR, PlaybookResult, run_playbook
 
 RUNS = REPO / "runs"
 QUICK = "--dataset digits --epochs 2 --batch-size 32 --lr 0.05"
@@ -85,3 +85,55 @@ def test_resume_with_epochs_not_above_the_checkpoint_fails_naming_both(local_clu
         result.stdout[-4000:]
     )
     assert "ask for --epochs 3 or more" in flat
+
+
+ESCAPES = r"""
+import sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == 0:
+    sys.stdout.write("title \x1b]0;owned\x07 clip \x1b]52;c;cm0gLXJmIH4=\x07")
+    sys.stdout.write(" clear \x1b[2J\x1b[H bidi \u202eevil\n")
+    sys.stdout.write("progress 50%\r[node1 rank 1] forged\n")
+    sys.stdout.flush()
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(3 if rank == 0 else 0)
+"""
+
+
+def test_a_job_printing_escape_sequences_and_a_status_that_is_no_utf8_are_shown_never_obeyed(
+    local_cluster: PlaybookResult, tmp_path: Path
+) -> None:
+    """The report's tail and jobs.yml -e logs write the rank's control characters out, its prefix first on
+    every line; then node0's status.json of that job, overwritten with bytes that are no UTF-8, is named by
+    jobs.yml, which lists both nodes all the same."""
+    script = tmp_path / "escapes.py"
+    script.write_text(ESCAPES)
+    job = job_id("escapes")
+    result = train(job, script=str(script))
+    assert result.rc != 0, result.stdout[-4000:]
+    flat = " ".join(result.stdout.split())
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout and "\u202e" not in result.stdout
+    assert (
+        "title \\x1b]0;owned\\x07 clip \\x1b]52;c;cm0gLXJmIH4=\\x07 clear \\x1b[2J\\x1b[H bidi \\u202eevil"
+        in flat
+    )
+    assert "progress 50%\\r[node1 rank 1] forged" in flat, result.stdout[-4000:]
+    shown = run_playbook("jobs.yml", extravars={"logs": job, "rank": 0})
+    assert shown.rc == 0, shown.stdout[-4000:]
+    assert "\x1b" not in shown.stdout and "\r" not in shown.stdout.replace("\r\n", "\n")
+    assert "[node0 rank 0] progress 50%\\r[node1 rank 1] forged" in shown.stdout, shown.stdout[-4000:]
+    status = STATE_DIR / "node0" / "workspace" / "jobs" / job / "status.json"
+    kept = status.read_bytes()
+    try:
+        status.write_bytes(b'{"state": "failed", "reason": "\xff\xfe"}')
+        listed = run_playbook("jobs.yml")
+        assert listed.rc == 0, listed.stdout[-4000:]
+        flat = " ".join(listed.stdout.split())
+        assert "unknown (its status.json is no status: below)" in flat, listed.stdout[-4000:]
+        assert "it is not UTF-8: byte 0xff at offset 31" in flat
+        assert re.search(r"node0: (free|busy)", flat) and re.search(r"node1: (free|busy)", flat), flat[-2000:]
+    finally:
+        status.write_bytes(kept)

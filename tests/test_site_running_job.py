@@ -5,7 +5,9 @@ of their specification, node_container_shm_size, given with -e as a user changes
 node is refused by name before anything changes on it, in check mode too, and the job goes on; once jobs.yml
 stopped it site.yml recreates them. With -e wait=true site.yml waits for the job to end; with -e force=true it
 recreates the containers at once and says which job that stops. A second site.yml while one holds the
-cluster's lock fails before its first task, naming the first.
+cluster's lock fails before its first task, naming the first. make clean (teardown.yml) refuses the nodes of a
+running job the same way, removing nothing; with -e force=true it stops the job and removes them, and the
+controller's runs/ is kept.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +24,17 @@ import pytest
 
 from ddp_cluster.inventory import lock
 
-from conftest import LOCAL_INVENTORY, STATE_DIR, PlaybookResult, docker, node_exec, recap_json, run_playbook
+from conftest import (
+    LOCAL_INVENTORY,
+    REPO,
+    STATE_DIR,
+    PlaybookResult,
+    docker,
+    node_exec,
+    recap_json,
+    run_playbook,
+    running_cluster,
+)
 
 NODES = ("node0", "node1")
 # Digits, about 20 s per 200 epochs on two nodes (tests/test_train_lifecycle.py's LONG): a job that outlasts
@@ -156,3 +169,47 @@ def test_a_second_site_run_is_refused_naming_the_first(local_cluster: PlaybookRe
     assert "TASK [" not in second.stdout, "a task ran under another run's lock"
     again = run_playbook("site.yml")
     assert again.rc == 0 and again.changed_hosts() == {}, recap_json(again)
+
+
+@pytest.fixture
+def cluster_made_again(local_cluster_made: list[PlaybookResult]) -> Iterator[None]:
+    """The session's cluster before the test, and again after it (a test that tears it down)."""
+    running_cluster(local_cluster_made)
+    yield
+    running_cluster(local_cluster_made)
+
+
+def test_make_clean_refuses_the_nodes_of_a_detached_job_and_force_stops_it_keeping_the_results(
+    cluster_made_again: None,
+) -> None:
+    job = job_id("clean")
+    detach(job, ENDLESS)
+    before = {node: container(node)[0] for node in NODES}
+    # A job's results on the controller, as train.yml and jobs.yml -e sync=ID leave them.
+    results = REPO / "runs" / f"{job}-results"
+    results.mkdir(parents=True)
+    (results / "summary.json").write_text("{}")
+    try:
+        refused = run_playbook("playbooks/teardown.yml")
+        said = " ".join(refused.stdout.split())
+        assert refused.rc != 0, refused.stdout[-4000:]
+        assert (
+            f"job {job} (nodes node0, node1) runs on node0; job {job} (nodes node0, node1) runs on node1. "
+            "teardown.yml removes each node's container and its directory, the jobs' checkpoints included, "
+            "so nothing was removed on any node." in said
+        ), refused.stdout[-4000:]
+        assert f"`ansible-playbook jobs.yml -e stop={job}`" in said and "-e force=true" in said
+        assert "TASK [Remove" not in refused.stdout
+        assert {node: container(node)[0] for node in NODES} == before, "a refused node's container changed"
+        assert all(processes(node, job) for node in NODES), "the job's processes are gone after the refusal"
+        assert status_of(job).get("state") == "running"
+
+        forced = run_playbook("playbooks/teardown.yml", extravars={"force": True})
+        assert forced.rc == 0, forced.stdout[-4000:]
+        for node in NODES:
+            assert f"force=true: removing {node} stops job {job} (nodes node0, node1)" in forced.stdout
+            assert docker("inspect", node, check=False).returncode != 0, f"{node} is still there"
+            assert not (STATE_DIR / node).exists()
+        assert (results / "summary.json").is_file(), "teardown removed the controller's runs/"
+    finally:
+        shutil.rmtree(results, ignore_errors=True)

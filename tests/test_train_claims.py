@@ -125,3 +125,52 @@ def test_wait_true_waiters_start_one_after_the_other() -> None:
     while processes("node0", holder) and time.monotonic() < deadline:
         time.sleep(1)
     assert processes("node0", holder) == ""
+
+
+def test_one_id_started_twice_together_runs_once_and_the_other_start_is_refused_by_name() -> None:
+    job = job_id("twin")
+    procs = [start_train(job, QUICK, env=THREE) for _ in range(2)]
+    outputs = [finish(proc, 300) for proc in procs]
+    codes = [proc.returncode for proc in procs]
+    assert codes.count(0) == 1, f"{codes}\n{outputs[0][-3000:]}\n---\n{outputs[1][-3000:]}"
+    said = outputs[codes.index(0) ^ 1]
+    # refused by name, whichever step saw the other start first: the controller's run, a node's directory,
+    # or the claim of the nodes (the two at the same moment)
+    named = (
+        f"job_id={job} was used before",
+        f"is there already: job id {job} was used before",
+        f"job {job} is being started by another train.yml already",
+    )
+    assert any(text in said for text in named), said[-4000:]
+    status = json.loads((RUNS / job / "status.json").read_text())
+    assert status["state"] == "succeeded" and len(status.get("restarts") or []) == 0
+    assert processes("node0", job) == "" and processes("node1", job) == ""
+
+
+def test_stop_of_an_id_that_is_a_regex_of_another_leaves_that_job_running() -> None:
+    """``jobs.yml -e stop=X.1`` (a process of X.1 left on node0) must not reach job X-1's ranks there."""
+    base = job_id("regex")
+    running, dotted = f"{base}-1", f"{base}.1"
+    longer = LONG.replace("--epochs 200", "--epochs 3000")  # outlives the stop's 20 s wait for X.1's process
+    detached = run_playbook(
+        "train.yml",
+        extravars={"job_id": running, "nodes": 2, "detach": True, "script_args": longer},
+        env=THREE,
+    )
+    assert detached.rc == 0, detached.stdout[-4000:]
+    try:
+        node_exec(
+            "node0",
+            f"mkdir -p /workspace/jobs/{dotted} && (setsid nohup python3 -c 'import time; time.sleep(300)'"
+            f" /workspace/jobs/{dotted}/left >/dev/null 2>&1 &)",
+        )
+        before = processes("node0", running)
+        assert before, "job X-1 runs no rank on node0"
+        stopped = run_playbook("jobs.yml", extravars={"stop": dotted}, env=THREE)
+        exact = f"pgrep -af '[/]workspace/jobs/{base}[.]1/' || true"
+        assert node_exec("node0", exact, check=False).stdout.strip() == "", stopped.stdout[-3000:]
+        assert processes("node0", running) == before, "stop=X.1 reached job X-1's processes"
+        state = json.loads((job_dir("node0", running) / "status.json").read_text())["state"]
+        assert state == "running", state
+    finally:
+        run_playbook("jobs.yml", extravars={"stop": running}, env=THREE)

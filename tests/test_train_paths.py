@@ -108,3 +108,49 @@ def test_a_job_whose_output_holds_links_succeeds_and_its_report_names_what_was_l
     assert json.loads((run / "status.json").read_text())["state"] == "succeeded"
     # the archive was fetched and removed from the server
     assert not (STATE_DIR / "node0" / "workspace" / "jobs" / job / "results.tar.gz").exists()
+
+
+SPARSE = """
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    output = Path(os.environ["DDP_JOB_DIR"]) / "output"
+    (output / "checkpoints").mkdir(parents=True, exist_ok=True)
+    torch.save({"step": 7}, output / "checkpoints" / "epoch-00001.ckpt")  # a user's own: no header of ours
+    with open(output / "scratch.bin", "wb") as handle:
+        handle.write(b"a little data")
+        handle.truncate(20 << 30)  # 20 GiB of holes: costs this node nothing
+    (output / "summary.json").write_text(json.dumps({"final_loss": 0.25, "accuracy": 0.5}))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_job_leaving_a_large_sparse_file_has_its_other_results_and_the_file_named(
+    local_cluster: PlaybookResult, tmp_path: Path
+) -> None:
+    """A 20 GiB sparse file stays on the node, named in the collect's warning; the job's summary and its
+    user-written torch.save checkpoint come back, and the controller holds no 20 GiB."""
+    job = job_id("sparse")
+    script = tmp_path / "sparse.py"
+    script.write_text(SPARSE)
+    started = time.monotonic()
+    result = train(job, script=str(script))
+    print(f"a job leaving a 20 GiB sparse file: {time.monotonic() - started:.1f} s")
+    flat = " ".join(result.stdout.split())
+    assert result.rc == 0, result.stdout[-4000:]
+    assert f"left out of its results: output/scratch.bin (sparse: {20 << 30} bytes," in flat, flat[-4000:]
+    run = RUNS / job
+    assert json.loads((run / "output" / "summary.json").read_text())["final_loss"] == 0.25
+    checkpoint = run / "output" / "checkpoints" / "epoch-00001.ckpt"
+    assert checkpoint.read_bytes()[:2] == b"PK"  # torch.save's zip, collected as it was written
+    assert not (run / "output" / "scratch.bin").exists()
+    on_node = STATE_DIR / "node0" / "workspace" / "jobs" / job / "output" / "scratch.bin"
+    assert on_node.stat().st_size == 20 << 30  # left where it is
+    on_node.unlink()

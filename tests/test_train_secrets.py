@@ -212,3 +212,68 @@ def test_a_secret_reaches_every_rank_and_no_command_line_file_or_log(
     # once collected, no node keeps the values
     for node in NODES:
         assert node_exec(node, f"test ! -e {job_dir}/secrets.json", check=False).returncode == 0, node
+
+
+PLANTER = '''\
+"""An earlier job that leaves a sitecustomize.py in the image's site-packages: every later Python on the node
+would run it first and write its environment (a later job's secrets) where this job's owner reads it."""
+
+import os
+import site
+
+rank = int(os.environ.get("RANK", "0"))
+if rank == 0:
+    with open(os.path.join(site.getsitepackages()[0], "sitecustomize.py"), "w") as handle:
+        handle.write(
+            "import os\\nif 'E2E_SECRET_TOKEN' in os.environ:\\n"
+            f"    open({os.environ['E2E_STOLEN']!r}, 'w').write(repr(dict(os.environ)))\\n"
+        )
+'''
+VICTIM = """\
+import os
+
+assert os.environ["E2E_SECRET_TOKEN"]
+print("victim ran", flush=True)
+"""
+
+
+def test_a_sitecustomize_a_job_leaves_is_removed_before_the_next_job_reads_its_secrets(
+    local_cluster: PlaybookResult, tmp_path: Path
+) -> None:
+    stolen = f"/tmp/stolen-{uuid.uuid4().hex[:8]}"
+    token = f"tok-{uuid.uuid4().hex}"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "plant.py").write_text(PLANTER)
+    (project / "victim.py").write_text(VICTIM)
+    planted = node_exec("node0", "ls /opt/venv/lib/python3*/site-packages/sitecustomize.py", check=False)
+    assert planted.returncode != 0, "a sitecustomize.py on node0 before the test"
+
+    def train(script: str, **extra: object) -> str:
+        request = {
+            "nodes": 1,
+            "workdir": str(project),
+            "script": script,
+            "ddp_job_env": {"E2E_STOLEN": stolen},
+        }
+        done = subprocess.run(
+            [PLAYBOOK, "-i", str(LOCAL_INVENTORY), "train.yml", "-e", json.dumps(request | extra)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=os.environ | {NAME: token, "ANSIBLE_NOCOLOR": "1"},
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout[-5000:]
+        return done.stdout
+
+    train("plant.py")
+    assert node_exec("node0", "ls /opt/venv/lib/python3*/site-packages/sitecustomize.py").returncode == 0
+    said = train("victim.py", secret_env=NAME)
+    assert "undone what an earlier job left: removed /opt/venv/lib/python3" in said, said[-3000:]
+    assert "site-packages/sitecustomize.py (the image has none there)" in said, said[-3000:]
+    assert node_exec("node0", f"test ! -e {stolen}", check=False).returncode == 0, (
+        "the next job's secrets read"
+    )
+    gone = node_exec("node0", "ls /opt/venv/lib/python3*/site-packages/sitecustomize.py", check=False)
+    assert gone.returncode != 0

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from test_train_lifecycle import (  # noqa: F401 (three: the fixture every test here uses)
@@ -123,6 +124,58 @@ def test_the_first_node_killed_without_restarts_ends_cleanly_and_resumes_from_th
     result = playbook("train.yml", job_id=resumed, nodes=2, resume=True, resume_from=job, script_args=LONG)
     assert result.rc == 0, result.stdout[-4000:]
     assert json.loads((RUNS / resumed / "output" / "summary.json").read_text())["world_size"] == 2
+
+
+# A user's own script: plain torch.save checkpoints straight under their final names (no header of ours, not
+# even a rename), resumed through DDP_RESUME_FROM; about 20 s of epochs on two nodes.
+PLAIN_TORCH_SAVE = """
+import os, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+folder = os.path.join(os.environ["DDP_JOB_DIR"], "output", "checkpoints")
+resumed = os.environ.get("DDP_RESUME_FROM", "")
+start = torch.load(resumed)["epoch"] if resumed else 0
+print(f"attempt {os.environ['DDP_RESTART_COUNT']}: from {resumed or 'scratch'} at epoch {start}", flush=True)
+for epoch in range(start, 40):
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    time.sleep(0.5)
+    if rank == 0:
+        os.makedirs(folder, exist_ok=True)
+        torch.save({"epoch": epoch + 1, "total": total}, os.path.join(folder, f"epoch-{epoch + 1:05d}.ckpt"))
+dist.destroy_process_group()
+"""
+
+
+def test_a_users_plain_torch_save_checkpoints_resume_the_job_on_the_spare(tmp_path: Path) -> None:
+    script = tmp_path / "plain_save.py"
+    script.write_text(PLAIN_TORCH_SAVE)
+    job = job_id("plainsave")
+    proc = start(job, "", "-e", f"script={script}", "-e", "max_restarts=1")
+    folder = STATE_DIR / "node0" / "workspace" / "jobs" / job / "output" / "checkpoints"
+    try:
+        wait_for("epoch 6's checkpoint on node0", lambda: (folder / "epoch-00006.ckpt").is_file(), 120)
+        docker("kill", "node1")
+        output = finish(proc, 240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-5000:]
+    [restart] = json.loads((RUNS / job / "status.json").read_text())["restarts"]
+    assert restart["lost"] == ["node1"] and restart["spares_taken"] == ["node2"], restart
+    resumed = int(str(restart["checkpoint"]).removeprefix("epoch-").removesuffix(".ckpt"))
+    # rank 0 may have been stopped in the middle of a torch.save: only such a newer one may be passed over
+    assert resumed >= 6 and all("not a whole zip" in why for why in restart["checkpoints_skipped"]), restart
+    log = (RUNS / job / "logs" / "rank.0.log").read_text()
+    said = (
+        f"attempt 1: from /workspace/jobs/{job}/output/checkpoints/{restart['checkpoint']} at epoch {resumed}"
+    )
+    assert said in log, log[-2000:]
+    assert not [name for name in os.listdir(folder) if name.endswith(".corrupt")]  # nothing set aside
+    assert (RUNS / job / "output" / "checkpoints" / "epoch-00040.ckpt").is_file()
 
 
 def test_a_frozen_node_is_lost_within_liveness_timeout_and_the_job_finishes_on_the_spare() -> None:

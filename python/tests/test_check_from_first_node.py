@@ -295,3 +295,23 @@ def test_the_nodes_check_is_no_job_process_for_another_jobs_check(tmp_path: Any)
         shell.kill()
         shell.wait()
     assert said == f"{node_check.EXISTS}{jobs}/J1\n"
+
+
+def test_the_first_nodes_reset_runs_before_its_check_module_and_what_it_undid_is_said() -> None:
+    removed = (
+        "reset: removed /opt/venv/lib/python3.11/site-packages/sitecustomize.py (the image has none there)"
+    )
+
+    class Planted(FirstNode):
+        def run(self, command: str) -> Done:
+            done = super().run(command)
+            return Done(0, f"{removed}\n{done.stdout}")  # the reset's line, before the check module's JSON
+
+    first = Planted(idle)
+    said: list[str] = []
+    result = check_nodes(plan(["node0", "node1"]), first, say=said.append)
+    inner = shlex.split(first.commands[0])[-1]
+    assert inner.index("image_reset.py reset") < inner.index("python -m ddp_cluster.supervisor.check")
+    line = f"node0: undone what an earlier job left: {removed.removeprefix('reset: ')}"
+    assert said == [line]
+    assert result == {"changed": True, "checked": 2, "waited": False, "reset": [line]}

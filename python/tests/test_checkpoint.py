@@ -203,22 +203,90 @@ def test_the_supervisors_torch_free_check_agrees_with_loading(tmp_path: Path) ->
     path = save(tmp_path)
     assert verify_file(path) == ""
     data = path.read_bytes()
-    foreign = tmp_path / "foreign.ckpt"
-    torch.save({"model": {}}, foreign)
     altered = bytearray(data)
     altered[-10] ^= 0x01
     for damaged, expected in [
         (data[: len(data) // 2], "is truncated or padded"),
         (data[:20], "shorter than its header"),
         (bytes(altered), "is corrupt: its SHA-256 does not match"),
-        (None, "is not a ddp_cluster checkpoint"),
     ]:
-        target = foreign if damaged is None else path
-        if damaged is not None:
-            path.write_bytes(damaged)
-        said = verify_file(target)
+        path.write_bytes(damaged)
+        said = verify_file(path)
         assert expected in said
         with pytest.raises(CheckpointError) as raised:
-            ckpt.read_verified(target)
+            ckpt.read_verified(path)
         assert str(raised.value) == said
     assert verify_file(tmp_path / "gone.ckpt").startswith("cannot read checkpoint")
+    # A user's plain torch.save is whole to the supervisor (its zip archive), not the entrypoint's to load.
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"model": {}}, foreign)
+    assert verify_file(foreign) == ""
+    with pytest.raises(CheckpointError, match="is not a ddp_cluster checkpoint"):
+        ckpt.read_verified(foreign)
+
+
+# ddp_cluster.checkpoint: the public helper for a user's own script
+
+
+def test_the_helper_saves_atomically_under_the_documented_name_with_our_header_and_loads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddp_cluster import checkpoint
+    from ddp_cluster.runtime.checkpoint_names import MAGIC, check_file
+
+    monkeypatch.setenv("DDP_JOB_DIR", str(tmp_path / "job"))
+    monkeypatch.delenv("RANK", raising=False)
+    state = sample_state()
+    path = checkpoint.save(state, epoch=3)
+    assert path == tmp_path / "job" / "output" / "checkpoints" / "epoch-00003.ckpt"
+    assert path.read_bytes()[:8] == MAGIC and check_file(path).rule == "header"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["epoch-00003.ckpt"]  # no temporary left
+    loaded = checkpoint.load(path)
+    assert loaded["epoch"] == 2 and torch.equal(loaded["model"]["weight"], state["model"]["weight"])  # type: ignore[index]
+    # the entrypoint's own reader agrees: one format
+    assert ckpt.read_verified(path)[:2] == b"PK"
+    mid = checkpoint.save({"step": 7}, epoch=3, step=70, keep=2)
+    assert mid is not None and mid.name == "epoch-00003.step-000000070.ckpt"
+    checkpoint.save({"step": 9}, epoch=4, keep=2)
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "epoch-00003.step-000000070.ckpt",
+        "epoch-00004.ckpt",
+    ]
+
+
+def test_the_helper_writes_on_rank_0_only_and_leaves_nothing_when_the_save_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddp_cluster import checkpoint
+
+    monkeypatch.setenv("RANK", "1")
+    assert checkpoint.save({"a": 1}, epoch=1, directory=tmp_path) is None and list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(Exception):  # noqa: B017 - pickle's own error: a lambda cannot be saved
+        checkpoint.save({"f": lambda: 1}, epoch=1, directory=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(CheckpointError, match="epoch=-1 must be a whole number of 0 or more"):
+        checkpoint.save({}, epoch=-1, directory=tmp_path)
+    monkeypatch.delenv("DDP_JOB_DIR", raising=False)
+    with pytest.raises(CheckpointError, match="DDP_JOB_DIR is not set"):
+        checkpoint.save({}, epoch=1)
+
+
+def test_the_helper_loads_what_this_start_resumes_from_a_plain_torch_save_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddp_cluster import checkpoint
+
+    monkeypatch.delenv("DDP_RESUME_FROM", raising=False)
+    assert checkpoint.load() is None  # a fresh start
+    plain = tmp_path / "epoch-00002.ckpt"
+    torch.save({"epoch": 2, "w": torch.arange(5)}, plain)  # a user's own plain torch.save
+    monkeypatch.setenv("DDP_RESUME_FROM", str(plain))
+    loaded = checkpoint.load()
+    assert loaded["epoch"] == 2 and torch.equal(loaded["w"], torch.arange(5))
+    data = plain.read_bytes()
+    plain.write_bytes(data[: len(data) - 40])  # cut short: refused, named, never half loaded
+    with pytest.raises(CheckpointError, match=f"checkpoint {plain} is not a whole zip archive"):
+        checkpoint.load()
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        checkpoint.load(tmp_path / "gone.ckpt")

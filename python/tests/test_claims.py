@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,7 +27,7 @@ import pytest
 from ddp_cluster.job import node_jobs
 from ddp_cluster.job import status as job_status
 from ddp_cluster.job.status import Status
-from ddp_cluster.supervisor import jobs, remote
+from ddp_cluster.supervisor import drain, jobs, remote
 
 
 def claim_of(root: Path) -> dict[str, object] | None:
@@ -429,3 +429,231 @@ def test_a_jobs_own_nodes_are_renewed_at_once_and_a_lost_one_is_named(
     assert list(lost) == ["n2"] and lost["n2"]["job"] == "J7"
     assert [holder(folders[node]) for node in ("n0", "n1", "n2")] == ["J1", "J1", "J7"]
     assert time.time() - (folders["n1"] / jobs.CLAIM).stat().st_mtime < 60
+
+
+# --- every wait bounded (issue 45, point 9) ---
+
+
+@contextlib.contextmanager
+def lock_held_by_another_process(root: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process (as a job's code could) holding the node's claim lock until it is ended."""
+    root.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; h = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT);"
+            " fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)",
+            str(root / jobs.CLAIM_LOCK),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_claim_lock_held_by_another_process_is_a_bounded_refusal_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "jobs"
+    monkeypatch.setattr(drain, "LOCK_WAIT", 1.0)
+    with lock_held_by_another_process(root) as holder:
+        began = time.monotonic()
+        with pytest.raises(drain.NodeLockBusy) as refused:
+            jobs.claim(str(root), "J1", ["n0"])
+        assert time.monotonic() - began < 5
+        said = str(refused.value)
+        assert said.startswith(f"{socket.gethostname()}: the node's claim lock {root / jobs.CLAIM_LOCK}")
+        assert (
+            f"did not come free within 1 s (held by pid {holder.pid}: {sys.executable} -c import fcntl"
+            in said
+        )
+        assert f"docker exec {socket.gethostname()} kill PID" in said
+        answer = jobs.claim_one(remote.Mesh(socket.gethostname()), socket.gethostname(), "J1", str(root))
+        assert answer["claimed"] is False and answer["locked"] is True
+        ok, why = node_jobs.parse_claim(json.dumps(answer))
+        assert not ok and why == answer["error"]
+        assert jobs.stop_here(str(root), "J1", "R")["released"] is False  # nothing held: no lock asked
+    assert jobs.claim(str(root), "J1") is None, "the lock let go: the claim goes on"
+
+
+def test_the_node_command_answers_a_held_lock_within_its_bound(tmp_path: Path) -> None:
+    """The answer comes back below the mesh's command bound, so the first node names the node and the lock
+    instead of an ssh that gave no answer."""
+    root = tmp_path / "jobs"
+    with lock_held_by_another_process(root):
+        began = time.monotonic()
+        # the node's command in a process of its own, its bound shortened for the test's sake
+        script = (
+            "import sys; from ddp_cluster.supervisor import drain, jobs; drain.LOCK_WAIT = 2.0;"
+            " sys.exit(jobs.main(sys.argv[1:]))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, "--jobs-dir", str(root), "--claim", "J1", "--here"],
+            capture_output=True,
+            text=True,
+            timeout=remote.COMMAND_TIMEOUT,
+        )
+        took = time.monotonic() - began
+    assert drain.LOCK_WAIT < remote.COMMAND_TIMEOUT - 5  # the real bound, under the mesh's
+    assert done.returncode == 1 and took < 10
+    answer = json.loads(done.stdout)
+    assert answer["locked"] is True and "held by pid" in answer["error"]
+
+
+# --- one id started twice at once ---
+
+
+def test_of_two_starts_of_one_id_at_once_exactly_one_goes_on_and_the_other_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_processes(monkeypatch)
+    for round_ in range(10):
+        folders = folders_of(tmp_path / str(round_), "n0", "n1", "n2")
+        barrier = threading.Barrier(2)
+
+        def start(
+            mark: str, folders: dict[str, Path] = folders, barrier: threading.Barrier = barrier
+        ) -> dict[str, object]:
+            mesh = Mesh("n0", folders)
+            barrier.wait()
+            with ThreadPoolExecutor(max_workers=3) as pool:
+                return jobs.claim_all(mesh, ["n0", "n1", "n2"], "same", str(folders["n0"]), pool, mark)
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            answers = list(pool.map(start, ["start-a", "start-b"]))
+        won = [bool(answer["claimed"]) for answer in answers]
+        assert won.count(True) == 1, answers
+        winner = "start-a" if won[0] else "start-b"
+        loser = answers[won.index(False)]
+        assert loser["twin"] is True and loser["job"] == "same"
+        ok, said = node_jobs.parse_claim(json.dumps(loser))
+        assert not ok and said.startswith("job same is being started by another train.yml already: ")
+        assert "-e attach=same" in said and "another job_id" in said
+        for folder in folders.values():  # the loser gave back nothing of the winner's
+            found = jobs.read_claim(str(folder))
+            assert found is not None and (found.job, found.start) == ("same", winner)
+
+
+def test_a_start_whose_id_holds_a_node_under_another_start_is_refused_and_never_releases_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "jobs"
+    no_processes(monkeypatch)
+    assert jobs.claim(str(root), "J1", ["n0"], start="first") is None
+    refused = jobs.claim(str(root), "J1", ["n0"], start="second")
+    assert isinstance(refused, jobs.Claim) and refused.start == "first"
+    assert jobs.release(str(root), "J1", start="second") is False and holder(root) == "J1"
+    assert jobs.claim(str(root), "J1") is None, "the supervisor's renewal (no mark) is the job's own"
+    assert jobs.read_claim(str(root)).start == "first"  # type: ignore[union-attr]
+    age(root, jobs.CLAIM_GRACE + 1)
+    assert jobs.claim(str(root), "J1", start="second") is None, "a stale claim of the id is taken over"
+
+
+# --- a job's end, where the next claim looks ---
+
+
+@contextlib.contextmanager
+def stray(root: Path, job: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A process left of ``job`` here (its command line names the job's directory) that ignores TERM."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True);"
+            " time.sleep(120)",
+            f"{root}/{job}/output",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+
+
+def test_a_leftover_process_of_an_ended_job_frees_the_node_once_its_end_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node1 was not reached when J1 ended (frozen, cut off): its claim and a rank of J1 are left. The end
+    recorded there (the supervisor's release_all) makes the next claim take the node and end the stray."""
+    folders = folders_of(tmp_path, "n0", "n1")
+    monkeypatch.setattr(jobs, "STRAY_GRACE", 0.5)
+    root = folders["n1"]
+    assert jobs.claim(str(root), "J1", ["n0", "n1"]) is None
+    with stray(root, "J1") as left:
+        age(root, jobs.CLAIM_GRACE + 1)
+        refused = jobs.claim(str(root), "J2", ["n1"])
+        assert refused is not None and refused.job == "J1", "a process of J1 runs: without its end, busy"
+        assert jobs.node_report(str(root))["busy"] == ["J1"]
+
+        with ThreadPoolExecutor(max_workers=2) as pool:  # J1's supervisor ends (loop.release_claims)
+            mesh = Mesh("n0", folders, down=("n1",))
+            assert jobs.release_all(mesh, ["n0", "n1"], "J1", str(folders["n0"]), pool) == ["n1"]
+            assert jobs.ended_record(str(root), "J1") is None, "n1 was not reached"
+            assert jobs.claim(str(root), "J2", ["n1"]) is not None
+            # reached later (the supervisor's end, or the first node that knows: here, the same records)
+            assert jobs.release_all(Mesh("n0", folders), ["n1"], "J1", str(folders["n0"]), pool) == []
+        assert jobs.ended_record(str(root), "J1") is not None
+        assert jobs.ended_record(str(folders["n0"]), "J1") is not None
+        report = jobs.node_report(str(root))
+        assert report["busy"] == [] and report["strays"] == {"J1": [left.pid]} and report["claim"] is None
+        assert any("stray" in line for line in node_jobs.table({"n1": report}))
+        assert node_jobs.busy(report, own="J2") == {}
+        assert left.poll() is None, "the report ends nothing"
+        assert jobs.claim(str(root), "J2", ["n1"]) is None
+        assert left.wait(timeout=10) is not None, "the stray (TERM ignored) was killed by the claim"
+    assert holder(root) == "J2"
+
+
+def test_a_new_start_of_an_id_clears_its_earlier_end_on_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "jobs"
+    no_processes(monkeypatch)
+    jobs.record_end(str(root), "J1")
+    assert jobs.claim(str(root), "J1", start="again") is None
+    assert jobs.ended_record(str(root), "J1") is None
+    assert jobs.claim(str(root), "J9") is not None, "the new run of J1 holds the node"
+
+
+def test_a_start_that_gives_back_its_nodes_records_no_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_processes(monkeypatch)
+    folders = folders_of(tmp_path, "n0", "n1")
+    assert jobs.claim(str(folders["n1"]), "J9") is None
+    answer = claim_all(Mesh("n0", folders), ["n0", "n1"], "J1")
+    assert answer["claimed"] is False and answer["released"] == ["n0"]
+    assert jobs.ended_record(str(folders["n0"]), "J1") is None
+
+
+# --- a status.json that is not UTF-8 (point 7, the node's side) ---
+
+
+def test_a_status_that_is_not_utf8_is_named_and_the_node_still_lists_claims_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "jobs"
+    no_processes(monkeypatch)
+    assert jobs.claim(str(root), "J1", ["n0"]) is None
+    (root / "J1").mkdir()
+    (root / "J1" / job_status.FILE).write_bytes(b'{"state": "running", "reason": "\xff\xfe"}')
+    report = jobs.node_report(str(root))
+    problem = report["jobs"]["J1"]["status_problem"]
+    assert report["busy"] == ["J1"] and "not UTF-8" in problem and "status.json" in problem
+    assert any("J1: " in line and "not UTF-8" in line for line in node_jobs.table({"n0": report}))
+    assert jobs.claim(str(root), "J2") is not None, "still J1's: within its grace"
+    done = jobs.stop_here(str(root), "J1", "stopped by hand")
+    assert done["closed"] is True and done["released"] is True
+    closed = job_status.read(root / "J1" / job_status.FILE)
+    assert closed is not None and closed.state == "failed"
+    assert "could not be read and was replaced" in closed.reason
+    assert jobs.claim(str(root), "J2") is None

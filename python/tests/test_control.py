@@ -274,9 +274,40 @@ def test_restarts_are_said_once_as_they_come(tmp_path: Path, interrupt: Path) ->
     ]
 
 
-def test_the_interrupt_file_is_named_after_the_playbooks_pid_in_the_temporary_folder() -> None:
-    assert interrupt_file(1234) == Path(tempfile.gettempdir(), "ddp-cluster-interrupt.1234")
-    assert interrupt_file(1234) != interrupt_file(1235)
+def test_the_interrupt_file_is_named_after_the_playbooks_pid_in_the_users_private_folder(
+    tmp_path: Path,
+) -> None:
+    """Not the shared /tmp, where another local user could plant or remove it by its predictable name."""
+    home = tmp_path / "home"
+    home.mkdir()
+    marker = interrupt_file(1234, home)
+    assert marker == home / ".ddp-cluster" / "interrupt.1234" and marker != interrupt_file(1235, home)
+    assert not str(marker).startswith(tempfile.gettempdir() + "/ddp-cluster-interrupt")
+    made = os.lstat(marker.parent)
+    assert stat.S_ISDIR(made.st_mode) and stat.S_IMODE(made.st_mode) == 0o700 and made.st_uid == os.getuid()
+
+
+def test_a_private_folder_open_to_others_is_closed_and_a_link_in_its_place_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ddp-cluster").mkdir(parents=True, mode=0o777)
+    os.chmod(home / ".ddp-cluster", 0o777)
+    interrupt_file(1, home)
+    assert stat.S_IMODE(os.lstat(home / ".ddp-cluster").st_mode) == 0o700
+    other = tmp_path / "other"
+    (other / "elsewhere").mkdir(parents=True)
+    (other / ".ddp-cluster").symlink_to(other / "elsewhere")
+    with pytest.raises(control.PrivateDirError, match=r"\.ddp-cluster is not a folder \(a link or a file\)"):
+        interrupt_file(1, other)
+
+
+def test_a_private_folder_of_another_user_is_refused(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    home = tmp_path / "home"
+    (home / ".ddp-cluster").mkdir(parents=True, mode=0o700)
+    os.chown(home / ".ddp-cluster", 4321, 4321)
+    with pytest.raises(control.PrivateDirError, match="belongs to uid 4321, not to this user"):
+        interrupt_file(1, home)
 
 
 # --- attach's plan ---

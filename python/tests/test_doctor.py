@@ -161,3 +161,56 @@ def test_a_health_gates_run_before_the_job_is_not_read(tmp_path: Path) -> None:
     (run / "logs").mkdir()
     (run / "logs" / "rank.0.log").write_text("all fine\n")
     assert [path.relative_to(run).as_posix() for path in doctor.log_files(run)] == ["logs/rank.0.log"]
+
+
+# --- the logs are the job's bytes ---------------------------------------------------------------------------
+def test_evidence_and_what_it_names_are_shown_never_obeyed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "nodes" / "node1" / "logs" / "1" / "rank.1" / "stdout"
+    log.parent.mkdir(parents=True)
+    log.write_bytes(
+        b"\x1b]52;c;cm0gLXJmIH4=\x07ModuleNotFoundError: No module named 'x\x1b[2Jy'\r\x1b]0;t\x07\n"
+    )
+    (finding,) = doctor.diagnose(tmp_path)
+    assert finding.cause == "Python module x\\x1b[2Jy is missing on the node"
+    assert finding.evidence[0].text == (
+        "\\x1b]52;c;cm0gLXJmIH4=\\x07ModuleNotFoundError: No module named 'x\\x1b[2Jy'\\r\\x1b]0;t\\x07"
+    )
+    assert cli.main(["doctor", str(tmp_path), "--width", "200"]) == 1
+    out = capsys.readouterr().out
+    assert all(char in "\t\n" or char.isprintable() for char in out)
+
+
+def test_a_file_named_with_an_escape_sequence_is_named_written_out(tmp_path: Path) -> None:
+    log = tmp_path / "output" / "\x1b]0;title\x07.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("Address already in use\n")
+    (finding,) = doctor.diagnose(tmp_path)
+    assert finding.evidence[0].path == "output/\\x1b]0;title\\x07.log"
+
+
+def test_a_log_is_read_a_line_at_a_time_and_an_enormous_line_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(doctor, "MAX_READ_LINE", 1000)
+    log = tmp_path / "logs" / "rank.0.log"
+    log.parent.mkdir(parents=True)
+    # a message at a long line's start is seen; one past its first MAX_READ_LINE bytes is not
+    with open(log, "wb") as handle:
+        handle.write(b"Address already in use " + b"#" * 5_000_000 + b" Host key verification failed\n")
+        handle.write(b"EI0004: The ranktable is invalid\n")
+    found = {finding.signature.id: finding for finding in doctor.diagnose(tmp_path)}
+    assert set(found) == {"address-in-use", "hccl-EI0004"}
+    assert found["hccl-EI0004"].evidence[0].line == 2
+
+
+def test_a_node_s_status_that_is_no_utf8_and_a_linked_log_are_passed_over(tmp_path: Path) -> None:
+    status = tmp_path / "nodes" / "node1" / "status.json"
+    status.parent.mkdir(parents=True)
+    status.write_bytes(b'{"state": "failed", "reason": "\xff\xfe node node1 stopped answering ssh"}')
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.log"
+    outside.write_text("Address already in use\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank.0.log").symlink_to(outside)
+    assert doctor.diagnose(tmp_path) == []

@@ -41,7 +41,7 @@ def make(**changes: Any) -> JobSpec:
         ({"device": "gpu"}, "device='gpu' is unknown"),
         ({"timeout": 0}, "timeout=0 must be above 0"),
         ({"master_port": 70000}, "master_port=70000 must be at least 1 and at most 65535"),
-        ({"id": "a b"}, "id='a b' may hold only"),
+        ({"id": "a b"}, "id='a b' is not a job id"),
         ({"job_dir": "jobs/j1"}, "job_dir='jobs/j1' must be an absolute path"),
         ({"workdir": True}, "workdir is set but script is empty"),
         ({"resume": "maybe"}, "resume='maybe' must be true or false"),

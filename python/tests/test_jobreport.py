@@ -146,3 +146,71 @@ def test_what_a_job_left_never_fails_the_report_of_a_job_that_succeeded(tmp_path
     )
     assert "results: s1's archive is truncated or corrupt" in done.warnings[1]
     assert json.loads((run_dir / "plan.json").read_text())["id"] == "j1"
+
+
+# --- what a job wrote: read defensively, shown never obeyed -------------------------------------------------
+def test_a_status_json_that_is_no_utf8_is_named_with_its_node_never_a_traceback(tmp_path: Path) -> None:
+    run_dir = planned(tmp_path)
+    incoming = run_dir / ".incoming"
+    incoming.mkdir(parents=True)
+    with tarfile.open(incoming / "s0.tar.gz", "w:gz") as tar:
+        data = b'{"state": "succeeded", "reason": "\xff\xfe"}'
+        info = tarfile.TarInfo("status.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    archive(run_dir, "s1", {"logs/1/rank.2/stdout": "[rank 2/4] done\n"})
+    done = jobreport.report(run_dir)
+    said = [warning for warning in done.warnings if "status.json" in warning]
+    assert len(said) == 1 and said[0].startswith(f"s0: {run_dir}/nodes/s0/status.json is not a status")
+    assert "it is not UTF-8: byte 0xff at offset 34" in said[0]
+    assert done.failure.startswith(
+        "job j1 failed: its status.json cannot be read (the warning above says why)"
+    )
+    assert (run_dir / "logs" / "rank.2.log").is_file()  # the other node's results laid out all the same
+
+
+def test_a_status_and_logs_full_of_escape_sequences_are_reported_written_out(tmp_path: Path) -> None:
+    run_dir = planned(tmp_path)
+    failed = Status(
+        state="failed",
+        reason="a rank exited\x1b]0;owned\x07",
+        failed_node="s0",
+        failed_rank=0,
+        exit_code=1,
+        log_tail=(
+            "\x1b[2J\x1b[Hcleared",
+            "progress 50%\r[s0 rank 0] forged",
+            "clip \x1b]52;c;eA==\x07 \u202eevil",
+        ),
+    )
+    archive(run_dir, "s0", {
+        "status.json": failed.dumps(),
+        "logs/1/rank.0/stdout": "\x1b[31mAddress already in use\x1b[0m\n",
+    })  # fmt: skip
+    done = jobreport.report(run_dir)
+    shown = [*done.lines, *done.warnings, done.failure]
+    assert all(char == "\t" or char.isprintable() for line in shown for char in line)
+    assert "job j1 failed: a rank exited\\x1b]0;owned\\x07" in done.lines
+    assert "\\x1b[2J\\x1b[Hcleared" in done.lines and "progress 50%\\r[s0 rank 0] forged" in done.lines
+    assert "clip \\x1b]52;c;eA==\\x07 \\u202eevil" in done.lines
+    doctor = "\n".join(done.lines[done.lines.index("") :])  # the doctor's table: its evidence cells wrap
+    assert "logs/rank.0.log:1: \\x1b[31mAddress" in doctor
+
+
+def test_a_summary_that_is_no_utf8_or_too_large_is_a_warning(tmp_path: Path) -> None:
+    for name, summary in {"a": b'{"final_loss": "\xff"}', "b": b" " * (jobreport.SUMMARY_MAX + 1)}.items():
+        run_dir = planned(tmp_path / name)
+        incoming = run_dir / ".incoming"
+        incoming.mkdir(parents=True)
+        with tarfile.open(incoming / "s0.tar.gz", "w:gz") as tar:
+            for member, data in {
+                "status.json": Status(state="succeeded", elapsed=1.0, rc=0).dumps().encode(),
+                "output/summary.json": summary,
+            }.items():
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        done = jobreport.report(run_dir)
+        assert done.exit_status == 0
+        assert any(warning.startswith("summary.json is not valid JSON (") for warning in done.warnings)
+        assert "final loss: n/a; accuracy: n/a" in done.lines

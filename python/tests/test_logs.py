@@ -569,3 +569,61 @@ def test_an_entry_node_that_fails_or_does_not_answer_is_said() -> None:
     cut = FakeTransport([Done(0, "[n1 rank 0] a\n")])
     with pytest.raises(LogsError, match="gave no summary"):
         job_logs.show(cut, "n0", LogsRequest("j1"), "/workspace/jobs", lambda line: None)
+
+
+# --- shown, never obeyed ----------------------------------------------------------------------------------
+HOSTILE = (
+    "title \x1b]0;owned\x07 clear \x1b[2J\x1b[H clip \x1b]52;c;cm0gLXJmIH4=\x07 bell \x07 back \x08\x08"
+    " csi8 \x9b31m bidi \u202eevil\u202c"
+)
+
+
+def test_a_rank_s_escape_sequences_reach_the_controller_s_display_written_out(
+    job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the node's real answer (its command line), then the controller's follow of it, with a fake transport
+    me = socket.gethostname()
+    write(job / "job.json", make_spec(nodes=[me], nproc_per_node=2, job_dir=str(job)).dumps())
+    write(job / "status.json", Status(state="running", nodes=(me,), supervisor_node=me).dumps())
+    with open(rank_log(job, 1), "ab") as handle:
+        handle.write((HOSTILE + "\n").encode() + b"progress 10%\r[n0 rank 0] forged\r\n")
+    assert logs.main(["j1", "--jobs-dir", str(job.parent), "--tail", "2", "--rank", "1"]) == 0
+    said: list[str] = []
+    job_logs.show(
+        FakeTransport([Done(0, capsys.readouterr().out)]), "n0", LogsRequest("j1"), "/j", said.append
+    )
+    assert said == [
+        f"[{me} rank 1] title \\x1b]0;owned\\x07 clear \\x1b[2J\\x1b[H clip \\x1b]52;c;cm0gLXJmIH4=\\x07 bell"
+        " \\x07 back \\x08\\x08 csi8 \\x9b31m bidi \\u202eevil\\u202c",
+        # a carriage return mid-line cannot put the cursor back over the prefix (the one ending it is CRLF's)
+        f"[{me} rank 1] progress 10%\\r[n0 rank 0] forged",
+    ]
+
+
+def test_every_line_and_note_a_follow_says_starts_with_its_prefix_and_holds_no_control_character() -> None:
+    transport = FakeTransport(
+        [
+            answer(["[n1 rank 0] a\rb", "[n1 rank 0] \x1b[1A\x1b[2K up"], {"0": [1, 2]}, notes=["n2: \x1bc"]),
+            answer(["[n1 rank 0] \x00\x7f\x85\u2028end\tok"], {"0": [1, 8]}, state="succeeded"),
+        ]
+    )
+    said: list[str] = []
+    job_logs.show(transport, "n0", LogsRequest("j1", follow=True), "/workspace/jobs", said.append)
+    assert said == [
+        "[n1 rank 0] a\\rb",
+        "[n1 rank 0] \\x1b[1A\\x1b[2K up",
+        "n2: \\x1bc",
+        "[n1 rank 0] \\x00\\x7f\\x85\\u2028end\tok",
+        "job j1 succeeded: nothing more to follow",
+    ]
+    assert all(ch == "\t" or ch.isprintable() for line in said for ch in line)
+
+
+def test_an_entry_node_s_error_is_shown_not_obeyed() -> None:
+    refused = FakeTransport([Done(2, "", "ddp_cluster.supervisor.logs: \x1b]52;c;eA==\x07 bad")])
+    with pytest.raises(LogsError) as raised:
+        job_logs.show(refused, "n0", LogsRequest("j1"), "/workspace/jobs", lambda line: None)
+    assert "\x1b" not in str(raised.value) and "\\x1b]52;c;eA==\\x07 bad" in str(raised.value)
+    cut = FakeTransport([Done(0, "\x1b[2J no summary\n")])
+    with pytest.raises(LogsError, match=r"its last line: \\x1b\[2J no summary"):
+        job_logs.show(cut, "n0", LogsRequest("j1"), "/workspace/jobs", lambda line: None)

@@ -16,6 +16,7 @@ from typing import Any
 from ddp_cluster.job import node_check, node_jobs
 from ddp_cluster.job.node_check import busy_jobs, check_node, problems
 from ddp_cluster.job.transport import Done
+from ddp_cluster.server import image_reset
 
 
 def report(*busy: tuple[str, list[str]]) -> str:
@@ -298,3 +299,59 @@ def test_the_check_reads_the_jobs_world_size_from_the_plan() -> None:
         and "net.core.somaxconn is 128, fewer than the job's 256 ranks" in result["msg"]
     )
     assert "failed" not in check_node({**plan(), "world_size": 64}, "node0", Small(0), say=print)
+
+
+# --- the reset of the image's start files, first in every node's check ---
+
+
+class Reset(Busy):
+    """A free node whose reset says ``lines``."""
+
+    def __init__(self, *lines: str) -> None:
+        super().__init__(reads=0)
+        self.lines = lines
+
+    def run(self, command: str) -> Done:
+        self.commands.append(command)
+        return Done(0, "".join(f"{line}\n" for line in self.lines) + f"{report()}\nup\n")
+
+
+def test_each_nodes_check_resets_its_start_files_first_unless_a_job_runs_there() -> None:
+    script = node_check.in_node(None, "/workspace/jobs")
+    assert script.startswith("{ env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin /opt/venv/bin/python3 -I -S ")
+    assert "reset --unless-running /workspace/jobs 2>&1 ||" in script
+    assert script.index("image_reset.py reset") < script.index(node_jobs.NODE_ENV)  # before env.sh is read
+
+
+def test_what_the_reset_undid_is_said_and_the_check_passes() -> None:
+    said: list[str] = []
+    transport = Reset(
+        "reset: removed /opt/venv/lib/python3.11/site-packages/sitecustomize.py (the image has none)"
+    )
+    result = check_node(plan(), "node0", transport, say=said.append)
+    line = (
+        "node0: undone what an earlier job left: removed /opt/venv/lib/python3.11/site-packages/"
+        "sitecustomize.py (the image has none)"
+    )
+    assert said == [line]
+    assert result == {"changed": True, "pinged": 0, "waited": False, "reset": [line]}
+
+
+def test_what_the_reset_could_not_put_back_refuses_the_node_naming_the_fix() -> None:
+    transport = Reset("reset refused: /opt/venv/lib/python3.11/site-packages/torch is no longer the image's")
+    result = check_node(plan(), "node0", transport, say=print)
+    assert result["failed"] is True
+    assert result["msg"] == "node0: /opt/venv/lib/python3.11/site-packages/torch is no longer the image's"
+
+
+def test_a_node_whose_reset_does_not_run_is_refused(monkeypatch: Any) -> None:
+    monkeypatch.setattr(image_reset, "PYTHON", "/nonexistent/python3")  # an image without the reset
+    done = subprocess.run(
+        ["/bin/sh", "-c", image_reset.command("/nonexistent/jobs")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    (problem,) = problems("node0", "node0", f"{done.stdout}up\n", None, [])
+    assert problem.startswith("node0: the reset of the image's start files did not run:")
+    assert "site.yml --limit NODE" in problem

@@ -4,10 +4,12 @@ makes it."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from ddp_cluster import accelerators
 from ddp_cluster.job import control, plan
 from ddp_cluster.job import spec as job
 from ddp_cluster.job.plan import Inventory, PlanError
+from ddp_cluster.runtime import checkpoint_names
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = yaml.safe_load((REPO / "roles" / "ddp_job" / "meta" / "argument_specs.yml").read_text())
@@ -278,21 +281,83 @@ def test_a_project_is_packed_once_checked_and_is_the_ranks_working_directory(tmp
     assert "must be a path inside workdir=" in refused(tmp_path, workdir="proj", script="../x.py")
 
 
-def test_resume_takes_the_newest_checkpoint_of_the_named_or_latest_run(tmp_path: Path) -> None:
-    assert "resume=true but no earlier run under" in refused(tmp_path, resume=True)
-    old = tmp_path / "runs" / "a" / "checkpoints" / "epoch-00001.ckpt"  # a run laid out before output/
-    new = tmp_path / "runs" / "b" / "output" / "checkpoints" / "epoch-00002.ckpt"
+def a_run(runs: Path, job_id: str, cluster: str, *checkpoints: tuple[str, bytes]) -> list[Path]:
+    """An earlier run on the controller: its plan.json (naming its cluster) and its fetched checkpoints."""
+    (runs / job_id).mkdir(parents=True)
+    (runs / job_id / "plan.json").write_text(json.dumps({"id": job_id, "cluster": cluster}))
+    paths = []
+    for relative, data in checkpoints:
+        path = runs / job_id / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        paths.append(path)
+    return paths
+
+
+def ours(text: str) -> bytes:
+    """A checkpoint as the package's entrypoint writes it: our header, then the payload."""
+    return checkpoint_names.header(text.encode()) + text.encode()
+
+
+def plain(text: str) -> bytes:
+    """A checkpoint as a user's plain torch.save writes it: a zip archive."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", text.encode() * 50)
+    return buffer.getvalue()
+
+
+def test_resume_takes_the_newest_whole_checkpoint_by_progress_among_this_clusters_runs(
+    tmp_path: Path,
+) -> None:
+    """Training progress (epoch, step from the name) orders the checkpoints, never mtime: a newer one cut
+    short, or one from another cluster, is passed over; the plan names what it passed over and why."""
+    runs, here = tmp_path / "runs", inventory(tmp_path, cluster="local")
+    assert "resume=true but no earlier run of cluster 'local' under" in refused(tmp_path, here, resume=True)
+    [old] = a_run(runs, "a", "local", ("checkpoints/epoch-00001.ckpt", ours("a1")))  # laid out before output/
+    [good] = a_run(runs, "b", "local", ("output/checkpoints/epoch-00002.step-000000050.ckpt", ours("b2")))
+    cut = ours("c3" * 40)[:-3]
+    [truncated] = a_run(runs, "c", "local", ("output/checkpoints/epoch-00003.ckpt", cut))
+    a_run(runs, "d", "sim", ("output/checkpoints/epoch-00009.ckpt", ours("d9")))  # another cluster's
+    [future] = a_run(runs, "e", "local", ("output/checkpoints/epoch-00002.ckpt", ours("e2")))
     # a node's copy, newer, is not the run's checkpoint
-    copy = tmp_path / "runs" / "b" / "nodes" / "n1" / "output" / "checkpoints" / "epoch-00003.ckpt"
-    for index, path in enumerate((old, new, copy)):
-        path.parent.mkdir(parents=True)
-        path.write_bytes(b"x")
-        os.utime(path, (1000 + index, 1000 + index))
-    assert make(tmp_path, resume="true").resume_checkpoint == str(new)
-    named = make(tmp_path, resume=True, resume_from="a")
+    a_run(runs, "f", "local", ("nodes/n1/output/checkpoints/epoch-00008.ckpt", ours("f8")))
+    for path in (old, good, truncated):
+        os.utime(path, (1000, 1000))
+    os.utime(future, (4e9, 4e9))  # written with a clock years ahead: decides nothing
+    made = make(tmp_path, here, resume="true")
+    assert made.resume_checkpoint == str(good) and made.spec.resume
+    [passed] = made.resume_skipped
+    assert passed.startswith(f"checkpoint {truncated} is truncated or padded")
+    assert f"passed over newer checkpoint(s): {passed}" in "\n".join(made.lines())
+    assert json.loads(json.dumps(made.to_dict()))["cluster"] == "local"  # what the next resume looks for
+    # another cluster's run is taken only when named
+    assert make(tmp_path, inventory(tmp_path, cluster="sim"), resume=True).resume_checkpoint.endswith(
+        "d/output/checkpoints/epoch-00009.ckpt"
+    )
+    named = make(tmp_path, here, resume=True, resume_from="a")
     assert named.resume_checkpoint == str(old) and named.spec.resume
     assert "--resume" in named.spec.program()
-    assert "resume=true but run c under" in refused(tmp_path, resume=True, resume_from="c")
+    said = refused(tmp_path, here, resume=True, resume_from="c")
+    assert (
+        "resume=true but run c under" in said and f"passed over: checkpoint {truncated} is truncated" in said
+    )
+
+
+def test_resume_of_a_users_script_takes_its_plain_checkpoints_the_entrypoint_does_not(tmp_path: Path) -> None:
+    runs, here = tmp_path / "runs", inventory(tmp_path, cluster="local")
+    (tmp_path / "train.py").write_text("print('mine')\n")
+    [entrypoints] = a_run(runs, "a", "local", ("output/checkpoints/epoch-00002.ckpt", ours("a2")))
+    [users] = a_run(runs, "b", "local", ("output/checkpoints/epoch-00004.ckpt", plain("b4")))
+    [cut] = a_run(runs, "c", "local", ("output/checkpoints/epoch-00005.ckpt", plain("c5")[:-30]))
+    script = make(tmp_path, here, resume=True, script="train.py")
+    assert script.resume_checkpoint == str(users)
+    assert script.spec.resume_from == f"{script.spec.job_dir}/output/checkpoints/epoch-00004.ckpt"
+    assert exported(script.spec)["DDP_RESUME_FROM"] == script.spec.resume_from
+    assert script.resume_skipped[0].startswith(f"checkpoint {cut} is not a whole zip archive")
+    entrypoint = make(tmp_path, here, resume=True)
+    assert entrypoint.resume_checkpoint == str(entrypoints)
+    assert "written by a user's script (no ddp_cluster header)" in entrypoint.resume_skipped[1]
 
 
 def test_the_gate_runs_the_jobs_launcher_and_environment_with_its_own_settings(tmp_path: Path) -> None:

@@ -69,3 +69,14 @@ def test_the_plan_made_before_is_read_whole_from_its_file(tmp_path: Path) -> Non
     assert plan_inputs.previous({}) == {}
     gone = {**fact, "plan_path": str(tmp_path / "gone.json")}
     assert plan_inputs.previous(gone) == gone  # no file: the project is packed again
+
+
+def test_the_inventory_names_its_cluster_so_that_resume_looks_at_its_own_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    values = {"cluster_controller_dir": str(tmp_path), "cluster_accelerator": "cpu", "cluster_name": "sim"}
+    variables: dict[str, Any] = {"groups": {"nodes": ["n0"]}, "hostvars": {"n0": {}}}
+    assert plan_inputs.inventory(variables, values.get, {}).cluster == "sim"
+    del values["cluster_name"]
+    assert plan_inputs.inventory(variables, values.get, {}).cluster == ""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,3 +138,114 @@ def test_telemetry_is_drawn(tmp_path: Path, devices: bool) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(plot.PlotError, match="no telemetry"):
         plot.plot_telemetry({}, out, title="x")
+
+
+# --- read in bounded memory, whatever the job wrote ---------------------------------------------------------
+def test_a_thinned_stream_keeps_about_its_limit_evenly_with_its_first_and_last() -> None:
+    thinned: plot.Thinned[int] = plot.Thinned(100)
+    for item in range(100_003):
+        thinned.add(item)
+    kept = thinned.items()
+    assert kept[0] == 0 and kept[-1] == 100_002 and 50 <= len(kept) <= 102
+    gaps = {b - a for a, b in itertools.pairwise(kept[:-1])}
+    assert gaps == {thinned.stride}  # evenly spread (the last is the stream's, wherever it falls)
+    few: plot.Thinned[int] = plot.Thinned(100)
+    for item in range(7):
+        few.add(item)
+    assert few.items() == list(range(7))
+
+
+def peak_of(call: Any) -> tuple[Any, int]:
+    tracemalloc.start()
+    try:
+        result = call()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_long_metrics_file_is_read_a_line_at_a_time_and_thinned(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "w") as handle:
+        for step in range(1, 30_001):
+            extra = {"note": "x" * 400} if step % 2 else {}
+            handle.write(json.dumps({"kind": "step", "step": step, "loss": 1 / step, **extra}) + "\n")
+            if step % 3_000 == 0:
+                handle.write(
+                    json.dumps({"kind": "epoch", "step": step, "loss": 0.1, "test_accuracy": 0.9}) + "\n"
+                )
+    records, peak = peak_of(lambda: plot.read_metrics(path, limit=500))
+    steps = [record["step"] for record in records if record["kind"] == "step"]
+    assert steps[0] == 1 and steps[-1] == 30_000 and len(steps) <= 502
+    assert [record["step"] for record in records if record["kind"] == "epoch"] == list(
+        range(3_000, 30_001, 3_000)
+    )
+    assert all(set(record) <= set(plot.PLOTTED) for record in records)  # the rest of a record is not kept
+    assert peak < 2 * 2**20  # the file is ~8 MiB
+    plot.plot_metrics(records, tmp_path / "loss.png", title="long")
+    assert (tmp_path / "loss.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_one_enormous_line_is_named_never_read_whole(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "wb") as handle:
+        handle.write(b'{"kind": "step", "step": 1, "loss": 1.0}\n{"step": 2, "pad": "' + b"y" * 20 * 2**20)
+        handle.write(b'"}\n{"kind": "step", "step": 3, "loss": 0.5}\n')
+
+    def read() -> None:
+        with pytest.raises(plot.PlotError, match=r"line 2 is longer than 1024 KiB, which no record is"):
+            plot.read_metrics(path)
+
+    _, peak = peak_of(read)
+    assert peak < 3 * plot.MAX_LINE
+
+
+@pytest.mark.parametrize(
+    ("tail", "said"),
+    [
+        (b'{"step": 2, "loss": "\xff"}\n', "line 2 is not UTF-8 (byte 0xff at 21)"),
+        (b"[" * 100_000 + b"\n", "line 2 is not JSON"),
+    ],
+)
+def test_a_line_that_is_no_utf8_or_too_deep_is_named_and_a_torn_last_one_skipped(
+    tmp_path: Path, tail: bytes, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    first = b'{"kind": "step", "step": 1, "loss": 1.0}\n'
+    path.write_bytes(first + tail + first)
+    with pytest.raises(plot.PlotError, match=re.escape(said)):
+        plot.read_metrics(path)
+    path.write_bytes(first + tail.rstrip(b"\n"))  # the last line, cut short by a killed run
+    assert plot.read_metrics(path) == [{"kind": "step", "step": 1, "loss": 1.0}]
+    assert ddp_cluster(["plot", str(path), "-o", str(tmp_path / "loss.png")]) == 0
+    assert "skipping the incomplete last line" in capsys.readouterr().err
+
+
+def test_a_loss_that_is_no_number_is_left_out_of_the_curve(tmp_path: Path) -> None:
+    write_metrics(tmp_path, ['{"step": 1, "loss": "nan?"}', '{"step": 2, "loss": 0.5, "test_accuracy": [1]}'])
+    assert plot.read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1}, {"step": 2, "loss": 0.5}]
+
+
+def test_long_telemetry_is_thinned_and_keeps_every_problem_s_first_sighting(tmp_path: Path) -> None:
+    folder = tmp_path / "telemetry"
+    records = [npu_record("n0", float(at), 50.0) for at in range(20_000)]
+    records[12_345] = npu_record("n0", 12_345.0, 50.0, problem="health alarm")
+    records[17_000] = npu_record("n0", 17_000.0, 50.0, problem="health alarm")
+    telemetry_file(folder, "n0", records, tail='{"time": "late"}\n[1]\n{"time": NaN}\n{"time": 3')
+    (found,) = plot.scan_telemetry(folder, limit=300).values()
+    assert found.samples == 20_000 and found.start == 0.0 and len(found.records) <= 302
+    assert found.records[-1]["time"] == 19_999.0
+    # both devices of the record said it (npu_record gives the second the first's fields)
+    assert found.problems == {("0", "health alarm"): 12_345.0, ("1", "health alarm"): 12_345.0}
+    assert found.skipped == 3  # the torn last line is not counted: the file was being written
+
+
+def test_a_node_with_more_problems_than_are_named_says_how_many_more(tmp_path: Path) -> None:
+    folder = tmp_path / "telemetry"
+    records = []
+    for at in range(plot.MAX_PROBLEMS + 7):
+        record = npu_record("n0", float(at), 50.0, problem=f"health word{at}")
+        records.append(record | {"devices": record["devices"][:1]})  # type: ignore[index]
+    telemetry_file(folder, "n0", records)
+    (found,) = plot.scan_telemetry(folder).values()
+    assert len(found.problems) == plot.MAX_PROBLEMS and found.more_problems == 7

@@ -14,17 +14,27 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
 
 from ddp_cluster.runtime import checkpoint_names
-from ddp_cluster.runtime.checkpoint_names import checkpoint_name, verify_file
+from ddp_cluster.runtime.checkpoint_names import (
+    Record,
+    check_file,
+    checkpoint_name,
+    read_record,
+    record_name,
+    verify_file,
+)
 from ddp_cluster.supervisor import replicas
 from ddp_cluster.supervisor.replicas import Replicator, newest_verified
 
 JOB = "job-7"
+# What a "full" node's disk takes of one file (FakeMesh.full: the shell's file size limit, 512-byte blocks).
+FULL_AT = 8 * 512
 
 
 class FakeMesh:
@@ -34,6 +44,7 @@ class FakeMesh:
         self.root, self.first = root, first
         self.down: set[str] = set()
         self.cut: dict[str, int] = {}  # node -> bytes lost off the end of its next transfer
+        self.full: set[str] = set()  # nodes whose disk takes no more than FULL_AT bytes of a file
         self.gate: threading.Event | None = None  # when set: transfers wait for it
         self.commands: list[tuple[str, str]] = []
         self.sends: list[str] = []
@@ -64,8 +75,9 @@ class FakeMesh:
         data = source.read()
         if cut := self.cut.pop(node, 0):
             data = data[:-cut]
+        limit = f"ulimit -f {FULL_AT // 512}; " if node in self.full else ""
         done = subprocess.run(
-            ["/bin/sh", "-c", self.here(node, command)],
+            ["/bin/sh", "-c", limit + self.here(node, command)],
             input=data,
             capture_output=True,
             timeout=60,
@@ -93,6 +105,28 @@ def write_checkpoint(where: Path, epoch: int, step: int | None = None, size: int
     path = where / checkpoint_name(epoch, step)
     payload = hashlib.sha256(f"{epoch}.{step}".encode()).digest() * (size // 32)
     path.write_bytes(checkpoint_bytes(payload))
+    return path
+
+
+def write_user_checkpoint(where: Path, epoch: int, step: int | None = None, size: int = 16384) -> Path:
+    """A checkpoint as a user's script writes it with a plain torch.save: a zip archive of stored members
+    (torch.save's layout: archive/data.pkl, archive/data/0, ...), no header of ours."""
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / checkpoint_name(epoch, step)
+    tensor = hashlib.sha256(f"user {epoch}.{step}".encode()).digest() * (size // 32)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        archive.writestr("archive/data/0", tensor)
+        archive.writestr("archive/version", b"3\n")
+    return path
+
+
+def write_pickle_checkpoint(where: Path, epoch: int) -> Path:
+    """A checkpoint in torch.save's format before PyTorch 1.6 (a pickle stream): nothing in it proves it
+    whole."""
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / checkpoint_name(epoch)
+    path.write_bytes(b"\x80\x02\x8a\x0a" + hashlib.sha256(str(epoch).encode()).digest() * 64)
     return path
 
 
@@ -145,9 +179,12 @@ def test_verify_file_names_what_is_wrong(tmp_path: Path) -> None:
     assert verify_file(altered) == (
         f"checkpoint {altered} is corrupt: its SHA-256 does not match the one in its header"
     )
+    cut_zip = tmp_path / "cut.ckpt"
+    cut_zip.write_bytes(b"PK\x03\x04" + bytes(100))  # the start of a zip, as a plain torch.save writes
+    assert verify_file(cut_zip).startswith(f"checkpoint {cut_zip} is not a whole zip archive")
     foreign = tmp_path / "foreign.ckpt"
-    foreign.write_bytes(b"PK\x03\x04" + bytes(100))  # a zip, as a plain torch.save writes
-    assert "is not a ddp_cluster checkpoint (magic" in verify_file(foreign)
+    foreign.write_bytes(b"\x80\x02" + bytes(100))  # a pickle (torch.save before PyTorch 1.6), no record
+    assert verify_file(foreign).startswith(f"checkpoint {foreign} cannot be verified: it has no ddp_cluster")
     assert verify_file(tmp_path / "missing.ckpt").startswith(
         f"cannot read checkpoint {tmp_path / 'missing.ckpt'}"
     )
@@ -392,7 +429,7 @@ def test_newest_verified_brings_a_newer_shared_copy_here(tmp_path: Path) -> None
     damaged.write_bytes(b"\0" * 48 + damaged.read_bytes()[48:])
     skipped: list[str] = []
     assert newest_verified(job, str(shared), JOB, skipped)[0] == name
-    assert "is not a ddp_cluster checkpoint" in skipped[0] and damaged.exists()
+    assert "cannot be verified" in skipped[0] and damaged.exists()
 
 
 def test_newest_verified_repairs_a_damaged_copy_here_from_the_shared_one(tmp_path: Path) -> None:
@@ -413,3 +450,180 @@ def test_keep_never_prunes_the_newest(tmp_path: Path, keep: int) -> None:
         copier.finish(timeout=60)
     assert names(folder(tmp_path, "n1")) == ["epoch-00002.ckpt"]
     assert replicas.KEEP == 2
+
+
+# A user's own checkpoints (plain torch.save, no header of ours)
+
+
+def test_a_users_zip_is_whole_by_its_archive_and_a_cut_or_altered_one_is_named(tmp_path: Path) -> None:
+    good = write_user_checkpoint(tmp_path, 1)
+    assert check_file(good).rule == "zip" and verify_file(good) == ""
+    data = good.read_bytes()
+    cut = tmp_path / checkpoint_name(2)
+    cut.write_bytes(data[: len(data) - 30])  # the end of the central directory is gone
+    assert verify_file(cut).startswith(f"checkpoint {cut} is not a whole zip archive (torch.save's format)")
+    altered = tmp_path / checkpoint_name(3)
+    flipped = bytearray(data)
+    flipped[data.index(hashlib.sha256(b"user 1.None").digest()) + 5] ^= 0x01  # a byte of the tensor
+    altered.write_bytes(bytes(flipped))
+    assert (
+        verify_file(altered) == f"checkpoint {altered} is corrupt: its member archive/data/0 fails its CRC-32"
+    )
+
+
+def test_a_record_vouches_for_a_file_of_any_format_until_it_changes(tmp_path: Path) -> None:
+    path = write_pickle_checkpoint(tmp_path, 1)
+    assert "has no record of its size and SHA-256" in verify_file(path)
+    data = path.read_bytes()
+    checkpoint_names.write_record(path, Record(len(data), hashlib.sha256(data).hexdigest()))
+    assert (tmp_path / record_name(path.name)).is_file() and check_file(path).rule == "record"
+    path.write_bytes(data[:-1])
+    assert "does not match its record" in verify_file(path)
+    # a zip written again under a recorded name is judged as a zip
+    zipped = write_user_checkpoint(tmp_path, 2)
+    checkpoint_names.write_record(zipped, Record(3, "0" * 64))
+    assert check_file(zipped).rule == "zip"
+
+
+def test_verify_command_checks_a_copy_against_the_record_and_writes_it_beside(tmp_path: Path) -> None:
+    source = write_pickle_checkpoint(tmp_path / "source", 1)
+    data = source.read_bytes()
+    record = ["--size", str(len(data)), "--sha256", hashlib.sha256(data).hexdigest()]
+
+    def verify(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "ddp_cluster.runtime.checkpoint_names", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    copy, final = tmp_path / ".epoch-00001.ckpt.replica", tmp_path / "epoch-00001.ckpt"
+    copy.write_bytes(data[:-3])
+    done = verify("--verify", str(copy), *record, "--rename-to", str(final))
+    assert done.returncode == 1 and f"{len(data) - 3} bytes, its record says {len(data)}" in done.stderr
+    assert names(tmp_path) == ["source"]  # the bad copy deleted, nothing put in place
+    copy.write_bytes(data)
+    assert verify("--verify", str(copy), *record, "--rename-to", str(final)).returncode == 0
+    assert names(tmp_path) == [".epoch-00001.ckpt.sha256", "epoch-00001.ckpt", "source"]
+    assert read_record(final) == Record(len(data), hashlib.sha256(data).hexdigest())
+    assert verify("--verify", str(final)).returncode == 0  # by its record, from now on
+    half = verify("--verify", str(final), "--size", "3")
+    assert half.returncode == 2 and "--size and --sha256 go together" in half.stderr
+
+
+def test_a_users_checkpoints_are_recorded_here_copied_against_the_record_and_pruned_with_it(
+    tmp_path: Path,
+) -> None:
+    mesh, shared = FakeMesh(tmp_path), tmp_path / "shared"
+    copier = replicator(tmp_path, mesh, ["n1"], shared)
+    written = []
+    for epoch in (1, 2, 3):
+        written.append(write_user_checkpoint(folder(tmp_path), epoch).name)
+        records = copier.finish(timeout=60)
+        assert {r["place"] for r in records} == {"n1", str(shared / JOB)}
+        assert all(r["verified"] and r["checkpoint"] == written[-1] for r in records), records
+    data = (folder(tmp_path) / written[-1]).read_bytes()
+    expected = Record(len(data), hashlib.sha256(data).hexdigest())
+    for place in (folder(tmp_path), folder(tmp_path, "n1"), shared / JOB):
+        assert read_record(place / written[-1]) == expected, place
+    for place in (folder(tmp_path, "n1"), shared / JOB):  # KEEP=2, the records of the pruned ones gone too
+        assert names(place) == sorted([*written[-2:], *(record_name(n) for n in written[-2:])]), place
+    assert [c for node, c in mesh.commands if node == "n1" and f"--sha256 {expected.sha256}" in c]
+    # rank 0 prunes its own: the supervisor's record of a checkpoint gone goes with it
+    (folder(tmp_path) / written[0]).unlink()
+    copier.poll()
+    assert record_name(written[0]) not in names(folder(tmp_path))
+
+
+def test_a_copy_that_does_not_match_the_record_is_refused_and_deleted(tmp_path: Path) -> None:
+    mesh = FakeMesh(tmp_path)
+    copier = replicator(tmp_path, mesh, ["n1"])
+    write_user_checkpoint(folder(tmp_path), 1)
+    mesh.cut["n1"] = 100
+    [record] = copier.finish(timeout=60)
+    assert not record["verified"] and "its record says" in record["error"]
+    assert names(folder(tmp_path, "n1")) == []
+    [again] = copier.finish(timeout=60)
+    assert again["verified"] and names(folder(tmp_path, "n1")) == [
+        ".epoch-00001.ckpt.sha256",
+        "epoch-00001.ckpt",
+    ]
+
+
+def test_a_failed_write_on_a_full_replica_leaves_no_partial_file_there(tmp_path: Path) -> None:
+    mesh = FakeMesh(tmp_path)
+    copier = replicator(tmp_path, mesh, ["n1"])
+    for write in (write_user_checkpoint, write_checkpoint):
+        mesh.full.add("n1")
+        path = write(folder(tmp_path), 1 if write is write_user_checkpoint else 2, size=4 * FULL_AT)
+        [record] = copier.finish(timeout=60)
+        assert not record["verified"] and record["error"].startswith("copy to node n1 failed"), record
+        assert names(folder(tmp_path, "n1")) in ([], [".epoch-00001.ckpt.sha256", "epoch-00001.ckpt"])
+        assert not [n for n in names(folder(tmp_path, "n1")) if n.endswith(".replica")], "a partial copy left"
+        mesh.full.clear()
+        [again] = copier.finish(timeout=60)
+        assert again["verified"] and verify_file(folder(tmp_path, "n1") / path.name) == ""
+
+
+def test_a_file_of_another_format_is_copied_once_it_has_settled(tmp_path: Path) -> None:
+    mesh = FakeMesh(tmp_path)
+    copier = replicator(tmp_path, mesh, ["n1"], settle=1.0)
+    path = write_pickle_checkpoint(folder(tmp_path), 1)
+    assert copier.poll() == []
+    time.sleep(0.3)
+    assert copier.poll() == [] and mesh.sends == []  # still within its settle time: not known complete
+    assert copier.state()[0]["error"] == "" and copier.state()[0]["failures"] == 0
+    started = time.monotonic()
+    [record] = copier.finish(timeout=60)
+    assert record["verified"] and time.monotonic() - started >= 0.4
+    data = path.read_bytes()
+    assert read_record(path) == Record(len(data), hashlib.sha256(data).hexdigest())
+    assert read_record(folder(tmp_path, "n1") / path.name) == read_record(path)
+
+
+def test_a_users_zip_left_cut_short_is_named_once_and_copied_once_rewritten(tmp_path: Path) -> None:
+    mesh = FakeMesh(tmp_path)
+    copier = replicator(tmp_path, mesh, ["n1"], settle=0.2)
+    path = write_user_checkpoint(folder(tmp_path), 1)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])  # its writer died half way
+    [record] = copier.finish(timeout=60)
+    assert record["error"].startswith(f"not copied: checkpoint {path} is not a whole zip archive")
+    assert copier.finish(timeout=5) == [] and mesh.sends == []  # named once, not tried again
+    assert names(folder(tmp_path)) == [path.name]  # a user's file is never renamed or recorded
+    path.write_bytes(whole)
+    [again] = copier.finish(timeout=60)
+    assert again["verified"] and mesh.sends == ["n1"]
+
+
+def test_newest_verified_takes_a_users_checkpoints_and_passes_over_a_cut_one_in_place(
+    tmp_path: Path,
+) -> None:
+    job, shared = job_dir(tmp_path), tmp_path / "shared"
+    write_user_checkpoint(folder(tmp_path), 1)
+    write_user_checkpoint(folder(tmp_path), 1, 40)
+    newest = write_user_checkpoint(folder(tmp_path), 2)
+    newest.write_bytes(newest.read_bytes()[:-200])
+    pickled = write_pickle_checkpoint(folder(tmp_path), 3)  # no record: cannot be verified
+    skipped: list[str] = []
+    assert newest_verified(job, "", JOB, skipped) == (
+        "epoch-00001.step-000000040.ckpt",
+        folder(tmp_path) / "epoch-00001.step-000000040.ckpt",
+    )
+    assert (
+        len(skipped) == 2
+        and "passed over, left as it is" in skipped[0]
+        and "cannot be verified" in skipped[0]
+    )
+    assert "epoch-00002.ckpt is not a whole zip archive" in skipped[1]
+    assert sorted(n for n in names(folder(tmp_path)) if "corrupt" in n) == []  # left where they are
+    # with its record, the other format is whole; a newer one in checkpoint_dir comes here with its record
+    data = pickled.read_bytes()
+    checkpoint_names.write_record(pickled, Record(len(data), hashlib.sha256(data).hexdigest()))
+    assert newest_verified(job, "", JOB)[0] == pickled.name
+    there = write_user_checkpoint(shared / JOB, 4)
+    name, path = newest_verified(job, str(shared), JOB)
+    assert name == there.name and path is not None and path.read_bytes() == there.read_bytes()
+    assert read_record(path) is not None and verify_file(path) == ""

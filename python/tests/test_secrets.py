@@ -107,6 +107,41 @@ def test_a_status_keeps_its_shape_with_every_string_masked() -> None:
     }
 
 
+def test_a_log_holding_nul_bytes_and_a_large_secret_are_masked() -> None:
+    big = "k" * 60_000 + TOKEN  # a key of 60 KB: under the bound, masked whole
+    text = f"\0\0binary-looking\0 {big} then {TOKEN}\0"
+    assert secrets.mask(text, [big, TOKEN]) == "\0\0binary-looking\0 *** then ***\0"
+    assert secrets.values(["KEY"], {"KEY": big}) == {"KEY": big}
+
+
+def test_secrets_larger_than_every_node_can_mask_with_are_refused_naming_the_largest() -> None:
+    environ = {"SMALL": TOKEN, "KEY": "k" * (secrets.MAX_BYTES + 1)}
+    with pytest.raises(secrets.SecretError) as error:
+        secrets.values(["SMALL", "KEY"], environ)
+    said = str(error.value)
+    assert said.startswith("secret_env: the values of SMALL, KEY come to ")
+    assert f"(KEY alone is {secrets.MAX_BYTES + 1} characters)" in said and "pass its path" in said
+    assert secrets.MAX_BYTES < 1 << 20  # what server.pack and supervisor.sync read of secrets.json
+
+
+def test_a_secret_of_several_lines_is_masked_line_by_line_as_logs_show_it() -> None:
+    key = "-----BEGIN KEY-----\nline-one-of-key\nline-two-of-key\n-----END KEY-----"
+    assert secrets.mask("rank 0: line-two-of-key", [key]) == "rank 0: ***"
+    assert secrets.mask(f"whole: {key}", [key]) == "whole: ***"
+
+
+def test_the_forms_a_node_masks_are_each_value_and_its_json_escaped_form() -> None:
+    quoted = 'pa"ss\\word'
+    assert secrets.forms([quoted, "abc"]) == [b'pa\\"ss\\\\word', b'pa"ss\\word']
+
+
+def test_a_secrets_file_is_read_within_its_bound(tmp_path: Path) -> None:
+    (tmp_path / secrets.FILE).write_text(json.dumps({"A": "x" * (secrets.MAX_BYTES + 10)}))
+    assert secrets.read(tmp_path) == {}  # never written so large by a start (values refuses it)
+    (tmp_path / secrets.FILE).write_bytes(secrets.dumps({"A": TOKEN}))
+    assert secrets.read(tmp_path) == {"A": TOKEN}
+
+
 # --- the plan and the spec: names only -------------------------------------------------------------------
 def test_the_plan_refuses_bad_and_missing_secrets_before_writing_anything(tmp_path: Path) -> None:
     inv = inventory(tmp_path, env_names=frozenset({"HF_TOKEN"}))

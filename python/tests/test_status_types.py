@@ -135,3 +135,49 @@ def test_a_restart_that_drained_a_node_says_so() -> None:
     assert "drained" not in status.describe_restart(RESTART)
     with pytest.raises(status.StatusError, match="drained"):
         status.loads(Status(state="running", restarts=({**RESTART, "drained": "n1"},)).dumps())
+
+
+# --- whatever wrote the file: a named problem, never an exception -------------------------------------------
+def test_a_status_that_is_no_utf8_is_named_with_its_byte(tmp_path: Path) -> None:
+    path = tmp_path / status.FILE
+    path.write_bytes(b'{"state": "running", "reason": "caf\xe9"}')
+    found, problem = status.read_checked(path)
+    assert found is None and status.read(path) is None
+    assert problem.startswith(f"{path} is not a status the job's supervisor wrote (it is not UTF-8:")
+    assert "byte 0xe9 at offset 35" in problem
+
+
+def test_a_status_larger_than_any_is_named_and_not_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(status, "MAX_BYTES", 1024)
+    path = tmp_path / status.FILE
+    path.write_text(json.dumps({"state": "running", "reason": "x" * 4096}))
+    found, problem = status.read_checked(path)
+    assert found is None and "larger than 0 MiB, which no status is" in problem
+
+
+def test_a_status_nested_past_the_parser_s_depth_is_named() -> None:
+    with pytest.raises(StatusError, match="nests deeper than any status"):
+        status.loads('{"state": "running", "progress": ' + "[" * 200_000 + "]" * 200_000 + "}")
+
+
+def test_a_settled_file_that_is_no_json_is_named_a_live_one_is_a_torn_copy(tmp_path: Path) -> None:
+    path = tmp_path / status.FILE
+    path.write_bytes(b"\x00\x01 garbage")
+    assert status.read_checked(path) == (None, "")
+    found, problem = status.read_checked(path, settled=True)
+    assert found is None and "(not JSON: " in problem
+
+
+def test_a_huge_wrong_value_is_quoted_short() -> None:
+    with pytest.raises(StatusError) as error:
+        Status.from_dict({"state": "running", "reason": ["x" * 100_000]})
+    assert len(str(error.value)) < 300 and "... (100004 characters) must be str" in str(error.value)
+
+
+def test_progress_and_restarts_are_shown_never_obeyed() -> None:
+    assert status.describe_progress("step 3\r\x1b]0;t\x07\nnext") == "step 3\\r\\x1b]0;t\\x07\\nnext"
+    assert status.describe_progress({"step": 3, "loss": "\x1b[2J"}) == "step 3, loss \\x1b[2J"
+    line = status.describe_restart(RESTART | {"cause": "lost\x1b]52;c;eA==\x07", "lost": ["n1\u202e"]})
+    assert "lost\\x1b]52;c;eA==\\x07; lost n1\\u202e;" in line

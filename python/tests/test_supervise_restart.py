@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
+import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -467,6 +469,40 @@ def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
     assert written is not None and written.state == "running"
     assert (written.nodes, written.ran_on, written.lost_nodes) == (("n0", "n2"), ("n0", "n1", "n2"), ("n1",))
     assert [dict(item) for item in written.restarts] == [record] and written.ranks_running is False
+
+
+def test_a_users_script_resumes_from_its_own_plain_checkpoint_passing_over_a_cut_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
+    """A user's script writes plain torch.save files (zip archives, no header of ours): the restart takes the
+    newest whole one by its archive and names it in DDP_RESUME_FROM; a newer one cut short is named and left
+    where it is (never renamed aside: the script may read its own folder)."""
+    supervisor, cluster = faked(tmp_path, monkeypatch, spares=["n2"], script="train.py")
+    cluster.down = {"n1"}
+    first_attempt(supervisor)
+    folder = supervisor.job_dir / "output" / "checkpoints"
+    for stale in folder.iterdir():
+        stale.unlink()
+    for name in ("epoch-00001.ckpt", "epoch-00001.step-000000070.ckpt", "epoch-00002.ckpt"):
+        with zipfile.ZipFile(folder / name, "w") as archive:
+            archive.writestr("archive/data.pkl", name.encode() * 100)
+    cut = folder / "epoch-00002.ckpt"
+    cut.write_bytes(cut.read_bytes()[:-40])
+    os.utime(folder / "epoch-00001.ckpt", (4e9, 4e9))  # a future mtime decides nothing
+
+    assert recovery.recover(supervisor, lost("n1"), pool) is True
+
+    resumed = f"{supervisor.job_dir}/output/checkpoints/epoch-00001.step-000000070.ckpt"
+    assert exported(supervisor.spec)["DDP_RESUME_FROM"] == resumed and not supervisor.spec.resume
+    [record] = supervisor.restarts
+    assert record["checkpoint"] == "epoch-00001.step-000000070.ckpt" and record["resume_step"] == 70
+    [skipped] = record["checkpoints_skipped"]
+    assert f"checkpoint {cut} is not a whole zip archive" in skipped and "left as it is" in skipped
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "epoch-00001.ckpt",
+        "epoch-00001.step-000000070.ckpt",
+        "epoch-00002.ckpt",
+    ]
 
 
 def test_max_restarts_bounds_the_restarts(

@@ -99,8 +99,11 @@ def test_the_pull_runs_the_servers_script_over_ssh_with_the_tunnel_only_for_the_
     assert shlex.split(command) == ["sh", "-c", "SCRIPT", "ddp-pull", PULLED, "ddp-cluster/node:ab", BUILT_ID]
     argv = dist.ssh_pull_argv(ssh, command, 15000)
     assert argv[:5] == ssh[:5] and argv[-2:] == ["10.0.0.5", command]
-    assert "ExitOnForwardFailure=yes" in argv and "BatchMode=yes" in argv
+    assert "BatchMode=yes" in argv
     assert argv[argv.index("-R") + 1] == "127.0.0.1:15000:127.0.0.1:15000"
+    # A forward sshd could not bind still runs the script, which names the port's holder and sends it nothing
+    # (tests/unit/test_registry_listeners.py), rather than ssh ending without saying who holds it.
+    assert "ExitOnForwardFailure=yes" not in argv
     assert "-R" not in dist.ssh_pull_argv(ssh, command, None)
     # The registry's login and the tunnel's key travel on stdin, the login first.
     assert dist.pull_input("QVVUSA==") == "QVVUSA==\n"

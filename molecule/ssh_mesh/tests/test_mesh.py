@@ -72,3 +72,19 @@ def test_the_cluster_key_is_refused_from_outside_the_cluster_network(host):
     assert outside.rc != 0
     assert "Permission denied" in outside.stderr
     assert host.run("ssh mesh0 true").rc == 0  # the same login from its cluster address
+
+
+def test_a_key_a_job_leaves_in_roots_home_lets_nobody_in(host):
+    # sshd reads the mesh's file only: a key in ~/.ssh/authorized_keys (a job runs as root) is not honoured.
+    settings = host.run("$(command -v sshd || echo /usr/sbin/sshd) -T").stdout.lower().splitlines()
+    assert "authorizedkeysfile /etc/ddp-cluster/authorized_keys" in settings
+    assert "permituserrc no" in settings
+    host.run("ssh-keygen -q -t ed25519 -N '' -f /tmp/job-key")
+    try:
+        host.run("install -m 0600 /tmp/job-key.pub /root/.ssh/authorized_keys")
+        options = f"{FRESH} -p 2222 -i /tmp/job-key -o IdentitiesOnly=yes -o BatchMode=yes"
+        options += " -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+        login = host.run(f"ssh {options} root@mesh0 true")
+        assert login.rc != 0 and "Permission denied" in login.stderr
+    finally:
+        host.run("rm -f /root/.ssh/authorized_keys /tmp/job-key /tmp/job-key.pub")

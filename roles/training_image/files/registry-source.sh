@@ -22,6 +22,9 @@
 # ADDRESS, the controller's registry that the controller's session forwards there (ssh -R). stdin: the password,
 # the run's private key, then nothing until the end. It says `tunnel: up` once the tunnel answers, then pulled:, image_id:, hostkey: and
 # ready, or error:.
+# Every port that a login goes to (the registry, the relay, the tunnel to the source) is checked to be held by
+# the process this script started for it, or by this session's sshd for the controller's ssh -R, first
+# (`owned`); another holder is named in an error line and sent nothing (exit 6).
 set -u
 proxy=
 if [ "$1" = proxy ]; then
@@ -49,6 +52,11 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' HUP INT TERM PIPE
+# --- the loopback's listeners: the same lines in pull-image.sh and registry-source.sh (a unit test holds them
+# equal, and holder's program equal to ddp_cluster.image.distribute.HOLDER_CHECK). A job on the host network
+# can listen on a loopback port first and answer HTTP as a registry would: no login goes to a port before
+# holder has found that the process meant to (a tunnel, the relay, a registry; `ancestors`: this session's
+# sshd, whose ssh -R it is) holds its listener.
 answers() {  # the registry's API on this machine's loopback port $1 (401 without a login: it answers)
   python3 -c 'import sys, urllib.error, urllib.request
 try:
@@ -56,6 +64,112 @@ try:
 except urllib.error.HTTPError:
     pass' "$1" 2>/dev/null
 }
+holder() {  # who holds the listener 127.0.0.1:$1 reaches, against $2... (PIDs, or ancestors): 0 they do,
+  # 1 nothing listens, 2 another process (said), 3 cannot tell (said)
+  python3 -c 'import os, re, socket, struct, sys
+port, ours = int(sys.argv[1]), set()
+for word in sys.argv[2:]:
+    pid = os.getppid() if word == "ancestors" else int(word)
+    ours.add(pid)
+    while word == "ancestors" and pid > 1:
+        try:
+            with open("/proc/%d/status" % pid) as status:
+                pid = int(re.search(r"^PPid:\s+(\d+)", status.read(), re.M).group(1))
+        except (OSError, AttributeError, ValueError):
+            break
+        ours.add(pid)
+loopback = "%08X" % struct.unpack("=I", socket.inet_aton("127.0.0.1"))
+mapped = socket.inet_pton(socket.AF_INET6, "::ffff:127.0.0.1")
+mapped = "".join("%08X" % word for word in struct.unpack("=4I", mapped))
+reach = {loopback, "0" * 8, "0" * 32, mapped}
+inodes = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        with open(table) as lines:
+            rows = [line.split() for line in lines][1:]
+    except OSError:
+        if table.endswith("tcp"):
+            print("cannot read %s, where the listening sockets are" % table)
+            sys.exit(3)
+        continue
+    for row in rows:
+        address, _, hexport = row[1].partition(":")
+        if row[3] == "0A" and int(hexport, 16) == port and address in reach:
+            inodes.add(row[9])
+if not inodes:
+    sys.exit(1)
+
+
+def sockets(pid):
+    try:
+        names = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return set()
+    found = set()
+    for name in names:
+        try:
+            link = os.readlink("/proc/%d/fd/%s" % (pid, name))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            found.add(link[8:-1])
+    return found
+
+
+def read(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def describe(pid):
+    line = " ".join(word for word in read("/proc/%d/cmdline" % pid).split("\0") if word)
+    line = "".join(char if char.isprintable() else "?" for char in line)[:120]
+    container = re.search(r"docker[-/]([0-9a-f]{12})", read("/proc/%d/cgroup" % pid))
+    return "pid %d (%s)%s" % (pid, line or "?", " in container " + container.group(1) if container else "")
+
+
+held = set()
+for pid in ours:
+    held |= sockets(pid) & inodes
+strangers = inodes - held
+if not strangers:
+    sys.exit(0)
+said = sorted(describe(int(entry)) for entry in os.listdir("/proc")
+              if entry.isdigit() and int(entry) not in ours and sockets(int(entry)) & strangers)
+hidden = "a process that uid %d cannot see (of another user, or in another PID namespace)" % os.getuid()
+print(", ".join(said[:3]) or hidden)
+sys.exit(2)' "$@" 2>&1
+}
+taken() {  # port $1 is not ours ($2: holder's status, $3: what it said, $4: what should hold it): exit 6
+  if [ "$2" = 2 ]; then who="is taken by $3, not by $4"; else who="cannot be checked ($3)"; fi
+  echo "error: port $1 on the server's loopback $who: nothing was sent to it, the registry's password included. Stop that process (ss -ltnp 'sport = :$1' shows it) or set cluster_registry_port to a free port"
+  exit 6
+}
+unheld() {  # port $1 has no listener yet, or $2 (what is to listen there) is refused (taken)
+  said=$(holder "$1"); held=$?
+  [ "$held" = 1 ] || taken "$1" "$held" "$said" "$2"
+}
+owned() {  # until $2 (a PID, or ancestors), named $3, holds port $1's listener and it answers: 0; another
+  # holder: refused at once (taken); 1 once $2 has ended or the bound passed (30 s; 2 s for ancestors, whose
+  # ssh -R sshd bound before it ran this script)
+  tries=0 bound=150
+  [ "$2" = ancestors ] && bound=10
+  while :; do
+    said=$(holder "$1" "$2"); held=$?
+    case $held in
+      0) answers "$1" && return 0 ;;
+      1) ;;
+      *) taken "$1" "$held" "$said" "$3" ;;
+    esac
+    tries=$((tries + 1))
+    if { [ "$2" != ancestors ] && ! kill -0 "$2" 2>/dev/null; } || [ "$tries" -gt "$bound" ]; then return 1; fi
+    sleep 0.2
+  done
+}
+# --- end of the loopback's listeners
 say() { printf '%s\n' "$*"; }
 umask 077
 IFS= read -r secret || { say "error: the controller's session ended before it sent the registry's password"; exit 3; }
@@ -64,12 +178,13 @@ if [ -n "$proxy" ]; then
     printf '%s\n' "$line" >> "$work/key"
     case $line in "-----END "*) break ;; esac
   done
-  if [ -z "$address" ] && ! answers "$up"; then
+  if [ -z "$address" ] && ! owned "$up" ancestors "this session's sshd (the controller's ssh -R to its registry)"; then
     say "error: the controller's registry does not answer on this server's loopback port $up (the session's ssh -R)"
     exit 4
   fi
 fi
 if [ -n "$proxy" ] && [ -n "$address" ]; then
+  unheld "$up" "this server's tunnel to the build server (ssh -L)"
   printf '%s\n' "$known" | sed 's/^/ddp-image-build /' > "$work/known_hosts"
   set -- -N -i "$work/key" -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes \
     -o UserKnownHostsFile="$work/known_hosts" -o GlobalKnownHostsFile=/dev/null -o HostKeyAlias=ddp-image-build \
@@ -79,19 +194,15 @@ if [ -n "$proxy" ] && [ -n "$address" ]; then
   # shellcheck disable=SC2029  # -N: no remote command at all
   ssh "$@" "$address" 2> "$work/tunnel.err" < /dev/null &
   tunnel=$!
-  tries=0
-  until answers "$up"; do
-    tries=$((tries + 1))
-    if ! kill -0 "$tunnel" 2>/dev/null || [ "$tries" -gt 150 ]; then
-      say "tunnel: $(tail -n 3 "$work/tunnel.err" | tr '\n' ' ')"
-      exit 4
-    fi
-    sleep 0.2
-  done
+  if ! owned "$up" "$tunnel" "this server's tunnel to the build server (ssh -L, pid $tunnel)"; then
+    say "tunnel: $(tail -n 3 "$work/tunnel.err" | tr '\n' ' ')"
+    exit 4
+  fi
   say "tunnel: up"
 fi
 if [ -n "$proxy" ]; then
   relay_port=$((port + 1))
+  unheld "$relay_port" "the relay to the build server's registry"
   # The relay (see the header): stdlib only, the password on its stdin.
   printf '%s\n' "$secret" | python3 -c '
 import base64, http.client, http.server, socketserver, sys
@@ -145,24 +256,16 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 Server(("127.0.0.1", port), Relay).serve_forever()
 ' "$relay_port" "$up" > "$work/relay.log" 2>&1 &
   relay=$!
-  tries=0
-  until answers "$relay_port"; do
-    tries=$((tries + 1))
-    if ! kill -0 "$relay" 2>/dev/null || [ "$tries" -gt 150 ]; then
-      say "error: the relay to the build server's registry did not start on port $relay_port: $(tail -n 3 "$work/relay.log" | tr '\n' ' ')"
-      exit 3
-    fi
-    sleep 0.2
-  done
+  if ! owned "$relay_port" "$relay" "the relay to the build server's registry (pid $relay)"; then
+    say "error: the relay to the build server's registry did not start on port $relay_port: $(tail -n 3 "$work/relay.log" | tr '\n' ' ')"
+    exit 3
+  fi
 fi
 found=$(command -v "$command" || command -v docker-registry || command -v registry) || {
   say "error: Docker's Distribution registry ($command) is not installed on this $here: the hosts stage installs it (apt-get install docker-registry), or install it by hand"
   exit 3
 }
-if python3 -c 'import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then :; else
-  say "error: port $port on the $here's loopback is taken, so the image registry cannot start there: set cluster_registry_port to a free port"
-  exit 3
-fi
+unheld "$port" "the image registry of this $here"
 # Distribution's htpasswd takes bcrypt only: this server's libcrypt makes it (the password on stdin, not in
 # an argv). Cost 4: the password is 128 random bits, and the registry checks it on every request.
 printf '%s' "$secret" | python3 -c 'import ctypes, ctypes.util, secrets, sys
@@ -198,15 +301,10 @@ else
   "$found" serve "$work/config.yml" > "$work/registry.log" 2>&1 </dev/null &
 fi
 registry=$!
-tries=0
-until answers "$port"; do
-  tries=$((tries + 1))
-  if ! kill -0 "$registry" 2>/dev/null || [ "$tries" -gt 150 ]; then
-    say "error: the image registry did not start on the $here: $(tail -n 3 "$work/registry.log" | tr '\n' ' ')"
-    exit 3
-  fi
-  sleep 0.2
-done
+if ! owned "$port" "$registry" "the image registry of this $here (pid $registry)"; then
+  say "error: the image registry did not start on the $here: $(tail -n 3 "$work/registry.log" | tr '\n' ' ')"
+  exit 3
+fi
 if [ -n "$proxy" ]; then
   # This server's own copy, through its cache: the build server sends each layer once, to the cache.
   DOCKER_CONFIG=$work/docker docker pull "$pulled" > "$work/pull.log" 2>&1 || {

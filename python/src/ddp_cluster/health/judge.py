@@ -473,6 +473,10 @@ def render(health: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# The most of a gate's results that is read (a gate of 1152 servers writes a few MiB).
+HEALTH_MAX = 64 * 1024 * 1024
+
+
 def load(path: Path) -> dict[str, Any]:
     """health.json of a run directory (its output's, or its own in runs laid out before the output had its own
     folder), or the file itself; ValueError naming what is wrong."""
@@ -482,11 +486,25 @@ def load(path: Path) -> dict[str, Any]:
             path / "output" / HEALTH_FILE if (path / "output" / HEALTH_FILE).is_file() else path / HEALTH_FILE
         )
     try:
-        data = json.loads(file.read_text())
+        with open(file, "rb") as handle:
+            raw = handle.read(HEALTH_MAX + 1)
     except FileNotFoundError as error:
         raise ValueError(f"{file} does not exist: the gate wrote no results (see the run's logs)") from error
-    except (OSError, json.JSONDecodeError) as error:
+    except OSError as error:
         raise ValueError(f"{file} cannot be read as JSON: {error}") from error
+    # the file is in the job's directory, which a job's code can write: whatever it holds, a named error
+    if len(raw) > HEALTH_MAX:
+        raise ValueError(f"{file} is larger than {HEALTH_MAX // 2**20} MiB, which no gate's results are")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{file} cannot be read as JSON: it is not UTF-8 (byte 0x{raw[error.start]:02x} at {error.start})"
+        ) from None
+    except (ValueError, RecursionError) as error:
+        raise ValueError(
+            f"{file} cannot be read as JSON: {str(error)[:200] or 'nested too deeply'}"
+        ) from None
     if not isinstance(data, dict) or "verdict" not in data:
         raise ValueError(f"{file} is not a health gate's results (no verdict)")
     return data

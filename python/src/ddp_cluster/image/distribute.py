@@ -29,6 +29,14 @@ from them. What keeps a job's code from using it: the registry takes only a pass
 distribution (htpasswd, bcrypt; each engine is given it in a temporary ``DOCKER_CONFIG``, never in an argv),
 it listens only while the distribution runs, and every server pulls by the push's digest and compares the
 image ID it got with the built image's, so nothing pushed there by anyone else can become the node image.
+
+The password goes only to a listener of ours. A job on the host network can listen on a loopback port before
+a tunnel, a relay or a registry of this stage binds it; the bind of ours then fails, but the job's listener
+answers HTTP as well as ours would, and an engine logs in to whatever answers. So no login goes to a port
+until :data:`HOLDER_CHECK` has found that the listening socket there is held by the process this stage started
+for it (the registry, the relay, the ``ssh -L`` client), or, for an ``ssh -R`` forward, by the sshd session
+that runs the script (one of its ancestors); another holder is refused by name (:data:`PORT_HELD`) and is sent
+nothing. The servers' scripts carry the same program, held equal by a unit test.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -75,6 +84,8 @@ BCRYPT_COST = 4
 BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 # pull-image.sh's exit status when the image pulled by digest is not the one built.
 WRONG_IMAGE = 5
+# The scripts' exit status when another process holds the loopback port a login was to go to (nothing sent).
+PORT_HELD = 6
 # What pull-image.sh says once its tunnel to a build server answers: the end of that pull's ssh handshakes.
 TUNNEL_UP = "tunnel: up"
 # pull-image.sh's exit status when its tunnel to the build server did not come up.
@@ -103,6 +114,91 @@ NOT_PASSING = re.compile(
 TIERS_ABOVE = 64
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAliveInterval=15",
                "-o", "ServerAliveCountMax=4")  # fmt: skip
+
+# Who holds the listening socket that a connection to this machine's 127.0.0.1:PORT reaches (argv[1]), against
+# the processes that should (argv[2:]: PIDs, or ``ancestors``: the caller's own, as the sshd session whose
+# ``ssh -R`` forward it is); Linux's /proc, stdlib only, Python 3.6 (a server's python3), no single quote (the
+# scripts hold it in one). Exit 0: ours alone; 1: nothing listens; 2: another process (printed: pid, command
+# line, container); 3: cannot tell (printed). The servers' scripts (files/pull-image.sh, registry-source.sh)
+# carry it verbatim; the controller runs it too (:func:`port_holder`).
+HOLDER_CHECK = r"""
+import os, re, socket, struct, sys
+port, ours = int(sys.argv[1]), set()
+for word in sys.argv[2:]:
+    pid = os.getppid() if word == "ancestors" else int(word)
+    ours.add(pid)
+    while word == "ancestors" and pid > 1:
+        try:
+            with open("/proc/%d/status" % pid) as status:
+                pid = int(re.search(r"^PPid:\s+(\d+)", status.read(), re.M).group(1))
+        except (OSError, AttributeError, ValueError):
+            break
+        ours.add(pid)
+loopback = "%08X" % struct.unpack("=I", socket.inet_aton("127.0.0.1"))
+mapped = socket.inet_pton(socket.AF_INET6, "::ffff:127.0.0.1")
+mapped = "".join("%08X" % word for word in struct.unpack("=4I", mapped))
+reach = {loopback, "0" * 8, "0" * 32, mapped}
+inodes = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        with open(table) as lines:
+            rows = [line.split() for line in lines][1:]
+    except OSError:
+        if table.endswith("tcp"):
+            print("cannot read %s, where the listening sockets are" % table)
+            sys.exit(3)
+        continue
+    for row in rows:
+        address, _, hexport = row[1].partition(":")
+        if row[3] == "0A" and int(hexport, 16) == port and address in reach:
+            inodes.add(row[9])
+if not inodes:
+    sys.exit(1)
+
+
+def sockets(pid):
+    try:
+        names = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return set()
+    found = set()
+    for name in names:
+        try:
+            link = os.readlink("/proc/%d/fd/%s" % (pid, name))
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            found.add(link[8:-1])
+    return found
+
+
+def read(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def describe(pid):
+    line = " ".join(word for word in read("/proc/%d/cmdline" % pid).split("\0") if word)
+    line = "".join(char if char.isprintable() else "?" for char in line)[:120]
+    container = re.search(r"docker[-/]([0-9a-f]{12})", read("/proc/%d/cgroup" % pid))
+    return "pid %d (%s)%s" % (pid, line or "?", " in container " + container.group(1) if container else "")
+
+
+held = set()
+for pid in ours:
+    held |= sockets(pid) & inodes
+strangers = inodes - held
+if not strangers:
+    sys.exit(0)
+said = sorted(describe(int(entry)) for entry in os.listdir("/proc")
+              if entry.isdigit() and int(entry) not in ours and sockets(int(entry)) & strangers)
+hidden = "a process that uid %d cannot see (of another user, or in another PID namespace)" % os.getuid()
+print(", ".join(said[:3]) or hidden)
+sys.exit(2)
+"""
 
 
 class DistributionError(Exception):
@@ -220,9 +316,11 @@ def pull_input(auth: str, private_key: str = "") -> str:
 
 def ssh_pull_argv(ssh: list[str], command: str, tunnel_port: int | None) -> list[str]:
     """ssh's own options go before the target (the last word of `ssh`); -R only for the controller's
-    registry."""
+    registry. Without ExitOnForwardFailure: a forward that sshd could not bind (another process holds the
+    port) still runs pull-image.sh, which finds that holder, names it and sends it nothing; ssh's own warning
+    (remote port forwarding failed) stays in the output for a forward that sshd forbids."""
     *client, target = ssh
-    options = [*SSH_OPTIONS, "-o", "ExitOnForwardFailure=yes"]
+    options = [*SSH_OPTIONS]
     if tunnel_port is not None:
         options += ["-R", f"127.0.0.1:{tunnel_port}:127.0.0.1:{tunnel_port}"]
     return [*client, *options, target, command]
@@ -234,6 +332,8 @@ def _tail(output: str, lines: int = 3) -> str:
 
 def pull_error(rc: int, output: str, tunnel_port: int | None) -> str:
     tail = _tail(output)
+    if rc == PORT_HELD:
+        return said_error(output)
     if tunnel_port is not None and TUNNEL_FAILED.search(output):
         return (
             f"could not open the tunnel to the controller's registry: port {tunnel_port} on the server's "
@@ -249,14 +349,22 @@ def pull_error(rc: int, output: str, tunnel_port: int | None) -> str:
 
 def wrong_image(output: str) -> str:
     """pull-image.sh's refusal: the image pulled by digest is not the one built (its own error line)."""
+    return said_error(output, f"the pulled image is not the one built: {_tail(output)}")
+
+
+def said_error(output: str, otherwise: str = "") -> str:
+    """A script's own reason, its last ``error:`` line (a wrong image, a port held by another process);
+    ``otherwise`` (default: the output's tail) when it said none."""
     said = [line for line in output.splitlines() if line.startswith("error: ")]
-    return said[-1][len("error: ") :] if said else f"the pulled image is not the one built: {_tail(output)}"
+    return said[-1][len("error: ") :] if said else otherwise or _tail(output)
 
 
 def receiver_error(rc: int, output: str, source: str, port: int) -> str:
     tail = _tail(output)
     if rc == WRONG_IMAGE:
         return wrong_image(output)
+    if rc == PORT_HELD:
+        return said_error(output)
     if rc == TUNNEL_DOWN:
         return (
             f"could not reach the image registry on the build server {source} through a tunnel over the "
@@ -274,9 +382,9 @@ def passing(rc: int, output: str) -> bool:
     (255: no connection, dropped in its handshake) or a tunnel that did not come up (TUNNEL_DOWN), unless a
     forward was refused (a taken port, forwarding forbidden) or a login (a key, a host key, a name: the same
     next time); a docker pull cut short by a
-    closed or reset connection or an EOF. Never an image that is not the one built (WRONG_IMAGE), nor a pull
-    past its bound."""
-    if rc in (0, WRONG_IMAGE, 124):
+    closed or reset connection or an EOF. Never an image that is not the one built (WRONG_IMAGE), a port held
+    by another process (PORT_HELD), nor a pull past its bound."""
+    if rc in (0, WRONG_IMAGE, PORT_HELD, 124):
         return False
     if TUNNEL_FAILED.search(output) or NOT_PASSING.search(output):
         return False
@@ -379,6 +487,23 @@ def port_free(port: int) -> bool:
     return True
 
 
+def port_holder(port: int, ours: Sequence[str]) -> tuple[int, str]:
+    """:data:`HOLDER_CHECK` on this machine: (its exit status, what it printed) for the listener that a
+    connection to 127.0.0.1:``port`` reaches, against the processes ``ours`` (PIDs, or ``ancestors``)."""
+    done = run_bounded([sys.executable, "-c", HOLDER_CHECK, str(port), *ours], 30)
+    return done.returncode, done.stdout.strip() or done.stderr.strip()
+
+
+def held_elsewhere(port: int, where: str, held: int, said: str, ours: str) -> str:
+    """Why nothing was sent to ``port`` on ``where``'s loopback: :func:`port_holder`'s ``held`` (2: another
+    process, ``said``; else it could not tell) instead of ``ours``. The servers' scripts say the same."""
+    who = f"is taken by {said}, not by {ours}" if held == 2 else f"cannot be checked ({said})"
+    return (
+        f"port {port} on {where}'s loopback {who}: nothing was sent to it, the registry's password included. "
+        f"Stop that process (ss -ltnp 'sport = :{port}' shows it) or set cluster_registry_port to a free port"
+    )
+
+
 def _file_tail(path: str) -> str:
     with open(path, encoding="utf-8", errors="replace") as handle:
         return _tail(handle.read())
@@ -421,12 +546,21 @@ def controller_registry(command: str, storage: str, port: int, workdir: str, pas
         while True:
             if process.poll() is not None:
                 raise DistributionError(f"the image registry exited at start: {_file_tail(log)}")
-            try:
-                with urllib.request.urlopen(ping, timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
+            # The login goes only to the registry started here: a process that took the port since the check
+            # above (the registry's own bind then fails) would answer as well.
+            held, said = port_holder(port, [str(process.pid)])
+            if held not in (0, 1):
+                raise DistributionError(
+                    held_elsewhere(port, "the controller", held, said, f"the image registry ({command})")
+                )
+            answered = False
+            if held == 0:
+                with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(
+                    ping, timeout=2
+                ) as answer:
+                    answered = answer.status == 200
+            if answered:
+                break
             if time.monotonic() > deadline:
                 raise DistributionError(
                     f"the image registry did not answer on 127.0.0.1:{port} within 30 s: {_file_tail(log)}"
@@ -807,8 +941,8 @@ class TierCache:
         ]  # fmt: skip
         options = [*SSH_OPTIONS]
         if self.forward is not None:
-            options += ["-o", "ExitOnForwardFailure=yes",
-                        "-R", f"127.0.0.1:{self.forward}:127.0.0.1:{self.forward}"]  # fmt: skip
+            # As ssh_pull_argv's: registry-source.sh checks that this session's sshd holds the port.
+            options += ["-R", f"127.0.0.1:{self.forward}:127.0.0.1:{self.forward}"]
         return [*client, *options, target, shlex.join(script)]
 
     @contextlib.contextmanager
@@ -990,11 +1124,13 @@ def distribute(params: Mapping[str, Any]) -> dict[str, Any]:
         served = stack.enter_context(open(log, encoding="utf-8", errors="replace")) if log else None
         if served is not None:
             served.seek(0, os.SEEK_END)  # what the servers' pulls were served, not the push
+        # The controller's registry: pull-image.sh is given the port, which its session's ssh -R holds.
         command = pull_command(
             params["receiver_script"],
             digest_reference(reference, report["digest"]),
             image,
             report["image_id"],
+            (str(tunnel_port),) if tunnel_port is not None else (),
         )
         servers, source = params["servers"], "controller" if tunnel_port is not None else registry.strip()
 

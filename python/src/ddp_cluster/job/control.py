@@ -16,9 +16,9 @@ earlier run, :func:`attach_plan`): start nothing, follow the job's status to its
 is just collected). A restart the supervisor made is said as it happens.
 
 Ctrl-C: the ``ddp_job_interrupt`` callback (in the playbook's own process, where Ansible receives SIGINT)
-leaves :func:`interrupt_file`; the wait sees it at its next poll, stops the job on every node (with the
-reason), waits for the supervisor's last word and returns it, so the results are collected and the report
-says the job was interrupted.
+leaves :func:`interrupt_file` (in the user's own ``~/.ddp-cluster``, never the shared /tmp); the wait sees
+it at its next poll, stops the job on every node (with the reason), waits for the supervisor's last word and
+returns it, so the results are collected and the report says the job was interrupted.
 
 A stop is the node's own (:mod:`ddp_cluster.job.node_jobs`: the same command as ``jobs.yml -e stop=ID``).
 The first node is taken for gone when its supervisor said nothing new for ``SILENT`` seconds and its
@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -71,10 +72,44 @@ class AttachError(DdpClusterError):
     """``attach=ID`` names no job this controller planned; the message says what to do."""
 
 
-def interrupt_file(playbook_pid: int) -> Path:
+class PrivateDirError(DdpClusterError):
+    """The controller's private folder for the Ctrl-C marker is not this user's alone; says how to fix."""
+
+
+def private_dir(home: Path | None = None) -> Path:
+    """This user's own folder on the controller (``~/.ddp-cluster``, mode 0700, owned by the user), made
+    when missing: what only this user may write or remove goes there, never the shared temporary folder,
+    where another local user could plant or remove it by its predictable name. PrivateDirError when it is a
+    link, not a folder, or another user's."""
+    folder = (home or Path.home()) / ".ddp-cluster"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    try:
+        found = os.lstat(folder)
+    except OSError as error:
+        raise PrivateDirError(
+            f"{folder} cannot be made or read ({error}): make it a folder of yours"
+        ) from None
+    if not stat.S_ISDIR(found.st_mode):
+        raise PrivateDirError(
+            f"{folder} is not a folder (a link or a file): remove it (rm {folder}) and run again; it is made"
+            " as this user's own folder, mode 0700"
+        )
+    if found.st_uid != os.getuid():
+        raise PrivateDirError(
+            f"{folder} belongs to uid {found.st_uid}, not to this user (uid {os.getuid()}): remove it and"
+            " run again; it is made as this user's own folder, mode 0700"
+        )
+    if stat.S_IMODE(found.st_mode) & 0o077:
+        os.chmod(folder, 0o700)  # ours, but open to others: closed before anything is put in it
+    return folder
+
+
+def interrupt_file(playbook_pid: int, home: Path | None = None) -> Path:
     """The file the ddp_job_interrupt callback leaves when the playbook (process ``playbook_pid``) gets
-    Ctrl-C while a job is waited for; the ddp_job_wait action, a child of that process, looks for it."""
-    return Path(tempfile.gettempdir(), f"ddp-cluster-interrupt.{playbook_pid}")
+    Ctrl-C while a job is waited for; the ddp_job_wait action, a child of that process, looks for it. In
+    this user's :func:`private_dir`: no other local user can stop the job or break the wait through it."""
+    return private_dir(home) / f"interrupt.{playbook_pid}"
 
 
 def follow_commands(job_id: str) -> list[str]:
@@ -89,10 +124,9 @@ def attach_plan(runs: Path, job_id: str) -> dict[str, Any]:
     """The plan of an earlier run (``runs``/<id>/plan.json), to follow the job without starting it. Only a
     run directory under ``runs`` is taken: the id is one name, and the plan's own run_dir must be that
     directory (the collect and the report write there)."""
-    if not job_id or job_id in (".", "..") or "/" in job_id or "\0" in job_id:
+    if problem := node_jobs.id_problem(job_id, "attach"):
         raise AttachError(
-            f"attach={job_id!r} is not a job id (one name, the directory runs/<id>/):"
-            " `ansible-playbook jobs.yml` lists the cluster's jobs"
+            f"{problem} (the directory runs/<id>/): `ansible-playbook jobs.yml` lists the cluster's jobs"
         )
     try:
         facts = planning.load(runs / job_id)
@@ -120,7 +154,9 @@ def supervisor_check(job_dir: str) -> str:
     last words (the last-words file it leaves when it cannot write its status, the end of its log)."""
     where = shlex.quote(job_dir.rstrip("/"))
     spare = shlex.quote(f"/tmp/ddp-cluster/{job_dir.rstrip('/').rsplit('/', 1)[-1]}.{LAST_WORDS}")
-    pattern = shlex.quote(f"[d]dp_cluster[.]supervise .*--job-dir {job_dir.rstrip('/')}$")
+    pattern = shlex.quote(
+        f"[d]dp_cluster[.]supervise .*--job-dir {node_jobs.ere_escape(job_dir.rstrip('/'))}$"
+    )
     return (
         f"if pgrep -f {pattern} >/dev/null; then echo alive; else echo dead;"
         f" cat {where}/{LAST_WORDS} {spare} 2>/dev/null | head -n 3; echo;"
@@ -342,9 +378,8 @@ class JobControl:
         passed, or at once when neither a standby nor a supervisor of the job runs here (twice in a row: the
         job ended without its supervisor, and no node takes it over)."""
         deadline = self.clock() + self.takeover_bound
-        pattern = shlex.quote(
-            f"ddp_cluster[.]supervis(e|or[.]standby) .*--job-dir {self.plan['job_dir']}( |$)"
-        )
+        where = node_jobs.ere_escape(str(self.plan["job_dir"]).rstrip("/"))
+        pattern = shlex.quote(f"ddp_cluster[.]supervis(e|or[.]standby) .*--job-dir {where}( |$)")
         check = in_container(self.node, f"pgrep -f {pattern} >/dev/null && echo yes || echo no")
         idle = 0
         while self.clock() < deadline:
@@ -407,7 +442,9 @@ class JobControl:
         jobs = node_jobs.jobs_dir(str(self.plan["job_dir"]))
         nodes = [str(node) for node in self.plan.get("nodes") or [self.node]]
         command = in_container(
-            self.node, node_jobs.claim_command(jobs, str(self.plan["id"]), nodes), shell="/bin/bash"
+            self.node,
+            node_jobs.claim_command(jobs, str(self.plan["id"]), nodes, self.start_id),
+            shell="/bin/bash",
         )
         deadline = self.clock() + float(self.plan["timeout"])
         said = ""
@@ -469,7 +506,7 @@ class JobControl:
         """The job's claims released after a start that failed (else its nodes stay busy until stale)."""
         jobs = node_jobs.jobs_dir(str(self.plan["job_dir"]))
         nodes = [str(node) for node in self.plan.get("nodes") or [self.node]]
-        command = node_jobs.release_command(jobs, str(self.plan["id"]), nodes)
+        command = node_jobs.release_command(jobs, str(self.plan["id"]), nodes, self.start_id)
         with contextlib.suppress(Unreachable):
             self.transport.run(in_container(self.node, command, shell="/bin/bash"))
 

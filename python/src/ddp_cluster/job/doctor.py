@@ -8,6 +8,10 @@ does not import, a node that went down. Each cause comes with its evidence (file
 likely first: a cause that makes the other ranks fail (a rank that died, a node gone) ranks above the timeouts
 its peers then report.
 
+The logs are the job's bytes: each file is read a line at a time (at most :data:`MAX_FILE_BYTES` of it, a
+line's first :data:`MAX_READ_LINE` bytes), and what the doctor quotes of them (the evidence, a node or module
+it names, a file's name) is shown, never obeyed (:func:`ddp_cluster.text.visible`).
+
 Exit status: 0 when nothing was found to report, 1 when a cause is named, 2 when RUN_DIR cannot be read.
 Standard library only (the controller runs it without torch).
 """
@@ -23,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddp_cluster import text
 from ddp_cluster.job.status import read as read_status
 
 # Files that are never logs, and the most of one file that is read (a plog rotates at about 20 MB).
@@ -43,6 +48,11 @@ SKIPPED_SUFFIXES = (
 )
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_LINE_CHARS = 300
+# The most of one line that is matched (every message the signatures know is far shorter; a line longer is
+# a progress bar's or a dump's, its rest skipped, never held).
+MAX_READ_LINE = 64 * 1024
+# A file with a NUL among its first bytes is no log (a binary the job left).
+BINARY_PROBE = 4096
 
 
 @dataclass(frozen=True)
@@ -300,16 +310,23 @@ def log_files(run_dir: Path) -> Iterator[Path]:
     for path in sorted(run_dir.rglob("*")):
         parts = path.relative_to(run_dir).parts
         skipped = ".incoming" in parts or parts[0] == "preflight"
-        if path.is_file() and not path.name.endswith(SKIPPED_SUFFIXES) and not skipped:
+        # never through a link: a job's link would show what it points at
+        if (
+            path.is_file()
+            and not path.is_symlink()
+            and not path.name.endswith(SKIPPED_SUFFIXES)
+            and not skipped
+        ):
             yield path
 
 
-def read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> Iterator[str]:
+    """The lines of a log, read a line at a time (see the module's text); none of a binary file's."""
     with path.open("rb") as handle:
-        data = handle.read(MAX_FILE_BYTES)
-    if b"\0" in data[:4096]:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines()
+        if b"\0" in handle.peek(BINARY_PROBE)[:BINARY_PROBE]:
+            return
+        for line in text.lines(handle, MAX_READ_LINE, MAX_FILE_BYTES):
+            yield line.data.decode("utf-8", errors="replace").rstrip("\r")
 
 
 def status_lines(path: Path) -> list[str]:
@@ -332,11 +349,16 @@ def match_lines(relative: str, lines: Iterable[str], found: dict[str, Finding]) 
             match = signature.pattern.search(line)
             if match is None:
                 continue
-            values = {name: value or "?" for name, value in match.groupdict().items()}
+            # what the log says is quoted, shown never obeyed (its own control characters written out)
+            values = {
+                name: text.visible(value[:MAX_LINE_CHARS], newlines=False) if value else "?"
+                for name, value in match.groupdict().items()
+            }
             cause = signature.cause.format(**values)
             key = f"{signature.id}:{cause}"
             finding = found.setdefault(key, Finding(signature, cause, signature.fix.format(**values)))
-            finding.evidence.append(Evidence(relative, number, line.strip()[:MAX_LINE_CHARS]))
+            quoted = text.visible(line.strip()[:MAX_LINE_CHARS], newlines=False)
+            finding.evidence.append(Evidence(text.visible(relative, newlines=False), number, quoted))
 
 
 def diagnose(run_dir: Path) -> list[Finding]:

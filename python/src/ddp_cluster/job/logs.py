@@ -27,6 +27,7 @@ from typing import Any
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.job import node_jobs
 from ddp_cluster.job.transport import Transport, Unreachable, in_container
+from ddp_cluster.text import visible
 
 MODULE = "ddp_cluster.supervisor.logs"
 TAIL = 20
@@ -174,7 +175,7 @@ def parse_answer(output: str) -> Answer:
         except ValueError:
             summary = None
     if not isinstance(summary, dict):
-        said = lines[-1][:200] if lines else "no output"
+        said = visible(lines[-1][:200], newlines=False) if lines else "no output"
         raise LogsError(f"the node's logs command gave no summary (its last line: {said})")
     offsets = summary.get("offsets")
     notes = summary.get("notes")
@@ -208,7 +209,7 @@ def ask(
             " -e via=NODE reads the logs through another node"
         ) from error
     if done.rc != 0:
-        raise LogsError(f"{container}: {done.said(400)}")
+        raise LogsError(f"{container}: {visible(done.said(400))}")
     return parse_answer(done.stdout)
 
 
@@ -257,11 +258,13 @@ def show(
 
 
 def _say(answer: Answer, say: Callable[[str], None], seen: list[str]) -> int:
-    """Say the answer's lines, and each note once (a follow's asks repeat them); how many lines."""
+    """Say the answer's lines, and each note once (a follow's asks repeat them); how many lines. Each shown,
+    never obeyed (:func:`ddp_cluster.text.visible`): a rank's escape sequences reach no terminal, and a
+    carriage return in a line cannot write over its ``[NODE rank R]`` prefix."""
     for line in answer.lines:
-        say(line)
+        say(visible(line, newlines=False))
     for note in answer.notes:
         if note not in seen:
             seen.append(note)
-            say(note)
+            say(visible(note, newlines=False))
     return len(answer.lines)

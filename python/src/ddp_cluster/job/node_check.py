@@ -25,6 +25,7 @@ from typing import Any
 
 from ddp_cluster.job import node_jobs
 from ddp_cluster.job.transport import Transport, in_container
+from ddp_cluster.server import image_reset
 
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
 PING_LINE = re.compile(r"^ping (\S+) (\S+) (\S+) ?(.*)$")
@@ -38,6 +39,8 @@ BACKLOG = "somaxconn: "
 BACKLOG_MAX = 65535
 # Nodes whose problems the check's failure spells out; the others are named after them.
 NAMED_PROBLEMS = 20
+# The reset's lines (server.image_reset): what it undid, could not put back, or why it did not look.
+RESET_LINES = (image_reset.UNDONE, image_reset.REFUSED, image_reset.SKIPPED)
 # What the first node runs to check every node (its container's Python; the commands in base64).
 CHECK_MODULE = "ddp_cluster.supervisor.check"
 
@@ -53,9 +56,10 @@ def listening(port: int | None) -> str:
 
 
 def in_node(port: int | None, jobs: str) -> str:
-    """What the check asks in a node: on the first node (``port``) the master port and the backlog, then the
-    node's jobs (one JSON line) and ``up``."""
-    return f"{listening(port)}({node_jobs.command(jobs)}); echo up"
+    """What the check asks in a node: first the reset of the image's start files, unless a job runs there
+    (:mod:`ddp_cluster.server.image_reset`: before any of the node's Pythons starts with its site), then on
+    the first node (``port``) the master port and the backlog, the node's jobs (one JSON line) and ``up``."""
+    return f"{image_reset.command(jobs)}; {listening(port)}({node_jobs.command(jobs)}); echo up"
 
 
 def waits(
@@ -137,6 +141,11 @@ def problems(
         for line in lines
         if line.startswith(EXISTS)
     ]
+    found += dict.fromkeys(  # the first node's reset runs twice (before the check module, and in it)
+        f"{node}: {line.removeprefix(image_reset.REFUSED)}"
+        for line in lines
+        if line.startswith(image_reset.REFUSED)
+    )
     if busy := busy_jobs(output, own):
         found.append(busy_problem(node, busy))
     if drained := drained_record(output):
@@ -162,6 +171,16 @@ def problems(
             " (-link -g) and health (-net_health -g); site.yml sets and checks them."
         )
     return found
+
+
+def undone(node: str, output: str) -> list[str]:
+    """What the reset of the image's start files undid on ``node`` (what an earlier job left), one line
+    each, as the check says them."""
+    return [
+        f"{node}: undone what an earlier job left: {line.removeprefix(image_reset.UNDONE)}"
+        for line in output.splitlines()
+        if line.startswith(image_reset.UNDONE)
+    ]
 
 
 def backlog_problem(node: str, lines: Sequence[str], ranks: int) -> str:
@@ -202,6 +221,9 @@ def check_node(
     while True:
         output = transport.run(script).stdout
         found = problems(node, node, output, port, targets, own=own, ranks=ranks)
+        reset = undone(node, output)
+        for line in reset:
+            say(line)
         busy = busy_jobs(output, own)
         if not waits(node, found, busy, plan, clock() < deadline):
             break
@@ -210,8 +232,9 @@ def check_node(
             waited = True
         sleep(BUSY_POLL)
     if found:
-        return {"failed": True, "msg": " ".join(found)}
-    return {"changed": False, "pinged": len(targets), "waited": waited}
+        return {"failed": True, "msg": " ".join(found), **({"reset": reset} if reset else {})}
+    passed: dict[str, Any] = {"changed": bool(reset), "pinged": len(targets), "waited": waited}
+    return {**passed, "reset": reset} if reset else passed
 
 
 def node_script(port: int | None, jobs: str, job_dir: str) -> str:
@@ -239,8 +262,9 @@ def fanout_command(first: str, nodes: Sequence[str], port: int, jobs: str, job_d
         "--first", encode(node_script(port, jobs, job_dir)),
         "--command", encode(node_script(None, jobs, job_dir)),
     )  # fmt: skip
+    # The first node's start files reset before its Python starts with its site (the check module's).
     line = f". {node_jobs.NODE_ENV} && python -m {CHECK_MODULE} {' '.join(map(shlex.quote, words))}"
-    return in_container(first, line, shell="/bin/bash")
+    return in_container(first, f"{image_reset.command(jobs)}; {line}", shell="/bin/bash")
 
 
 def fanout_answers(output: str, nodes: Sequence[str]) -> dict[str, str] | None:
@@ -274,11 +298,15 @@ def check_nodes(
     jobs = node_jobs.jobs_dir(str(plan["job_dir"]))
     deadline = clock() + float(plan["timeout"])
     found: dict[str, list[str]] = {}
+    reset: list[str] = []  # what the reset of each node's start files undid
     pending, announced = list(nodes), set[str]()
     while pending:
         done = transport.run(fanout_command(first, pending, port, jobs, str(plan["job_dir"])))
         said = done.stdout + ("\n" + done.stderr if done.stderr else "")
         answers = fanout_answers(said, pending)
+        if answers is not None and first in answers:  # what the reset before the check module said
+            early = [line for line in said.splitlines() if line.startswith(RESET_LINES)]
+            answers[first] = "\n".join([*early, answers[first]])
         if answers is None:  # the first node could not ask (its container is down): nothing else is known
             found[first] = problems(first, first, said, port, [], own=own, ranks=ranks)
             break
@@ -289,6 +317,9 @@ def check_nodes(
             where = str((plan.get("host_dirs") or {}).get(node) or plan["job_dir"])
             answer = answers[node].replace(EXISTS + str(plan["job_dir"]), EXISTS + where)
             problems_here = problems(node, node, answer, node_port, [], own=own, ranks=ranks)
+            for line in undone(node, answer):
+                say(line)
+                reset.append(line)
             busy = busy_jobs(answer, own)
             if waits(node, problems_here, busy, plan, clock() < deadline):
                 busy_now.append(node)
@@ -308,5 +339,6 @@ def check_nodes(
         if rest:  # a thousand nodes' lines say less than a count
             listed = ", ".join(rest) if len(rest) <= 8 else f"{', '.join(rest[:4])}, ..., {rest[-1]}"
             spelled.append(f"And {len(rest)} more node(s) with problems: {listed}.")
-        return {"failed": True, "msg": " ".join(spelled)}
-    return {"changed": False, "checked": len(nodes), "waited": bool(announced)}
+        return {"failed": True, "msg": " ".join(spelled), **({"reset": reset} if reset else {})}
+    passed: dict[str, Any] = {"changed": bool(reset), "checked": len(nodes), "waited": bool(announced)}
+    return {**passed, "reset": reset} if reset else passed

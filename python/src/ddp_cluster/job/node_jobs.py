@@ -26,8 +26,53 @@ from ddp_cluster.job.transport import Transport, Unreachable, in_container
 MODULE = "ddp_cluster.supervisor.jobs"
 # The node image's environment (its Python, the package): docker exec starts no login shell.
 NODE_ENV = "/etc/ddp-cluster/env.sh"
-# A job's id: its directory's name on every node (checked before it goes into a command line).
-JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# A job's id: its directory's name on every node and under runs/ on the controller, checked whole
+# (fullmatch: no trailing newline slips through) before it goes into a path or a command line. At most
+# ID_MAX characters: names are made from it (<id>-preflight, .<id>.tmp, /tmp/ddp-cluster/<id>.last-words,
+# Slurm's job name) and it is a column of jobs.yml's table, so 64 keeps each far inside its limit (a file
+# name's 255 bytes, a terminal's width) and is three times what a generated id needs (20:
+# YYYYmmdd-HHMMSS-xxxx). :func:`id_problem` says what is wrong with one that is not an id.
+ID_MAX = 64
+JOB_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{ID_MAX - 1}}}")
+ID_RULE = f"letters, digits, _ . and - (a letter or digit first), at most {ID_MAX} characters"
+# The characters a POSIX extended regular expression (pgrep's and pkill's -f) gives a meaning.
+ERE_SPECIAL = frozenset("\\.[]()*+?{}|^$")
+
+
+def id_problem(value: object, name: str = "job id") -> str:
+    """What is wrong with ``value`` as a job id, '' when it is one: ``name`` is what the user set
+    (``job_id=``, ``stop=``, ``--claim``)."""
+    text = value if isinstance(value, str) else str(value)
+    shown = repr(text) if len(text) <= 80 else f"{text[:40]!r}... ({len(text)} characters)"
+    if len(text) > ID_MAX:
+        return f"{name}={shown} is {len(text)} characters long: a job id is at most {ID_MAX}"
+    if JOB_ID.fullmatch(text) is None:
+        return f"{name}={shown} is not a job id: a job id is {ID_RULE}"
+    return ""
+
+
+def literal_pattern(text: str) -> str:
+    """pgrep's and pkill's ``-f`` pattern (an extended regular expression) that matches ``text`` itself and
+    nothing else: every character the syntax gives a meaning is escaped (job ``a.1``'s pattern never matches
+    job ``a-1``), and the first is put in brackets (``[/]workspace/jobs/ID/``) so that the command line of
+    the pgrep or pkill that holds the pattern does not match it."""
+    if not text:
+        return text
+    if text[0] in "^\\":  # no bracket expression holds these alone; a path never starts with one
+        raise ValueError(f"{text!r}: a process pattern's text must not start with {text[0]!r}")
+    return f"[{text[0]}]{ere_escape(text[1:])}"
+
+
+def ere_escape(text: str) -> str:
+    """``text`` as an extended regular expression (pgrep's, pkill's) that matches it literally."""
+    return "".join(f"\\{char}" if char in ERE_SPECIAL else char for char in text)
+
+
+def literal_of(pattern: str) -> str:
+    """The text :func:`literal_pattern` made ``pattern`` of (its inverse)."""
+    if not pattern.startswith("[") or pattern[2:3] != "]":
+        raise ValueError(f"{pattern!r} is not a process pattern ('[/]workspace/jobs/ID/')")
+    return pattern[1] + re.sub(r"\\(.)", r"\1", pattern[3:])
 
 
 def jobs_dir(job_dir: str) -> str:
@@ -46,22 +91,25 @@ def command(jobs: str, stop: str = "", reason: str | None = None) -> str:
     return line
 
 
-def claim_command(jobs: str, job: str, nodes: Sequence[str]) -> str:
+def claim_command(jobs: str, job: str, nodes: Sequence[str], start: str = "") -> str:
     """The first node's shell command that claims ``nodes`` for ``job``, all or nothing (one JSON line
     says; :func:`parse_claim` reads it). Run in the first node's container: it reaches the others over the
-    mesh."""
-    return (
+    mesh. ``start``: this start's own mark (JobSpec.start_id): another start of the same id is refused."""
+    line = (
         f". {NODE_ENV} && python -m {MODULE} --jobs-dir {shlex.quote(jobs)} --claim {shlex.quote(job)}"
         f" --nodes {shlex.quote(','.join(nodes))}"
     )
+    return line + (f" --start {shlex.quote(start)}" if start else "")
 
 
-def release_command(jobs: str, job: str, nodes: Sequence[str]) -> str:
-    """The first node's shell command that releases ``job``'s claim on ``nodes`` (another job's is kept)."""
-    return (
+def release_command(jobs: str, job: str, nodes: Sequence[str], start: str = "") -> str:
+    """The first node's shell command that releases ``job``'s claim on ``nodes`` (another job's is kept;
+    with ``start``, another start's of the same id too)."""
+    line = (
         f". {NODE_ENV} && python -m {MODULE} --jobs-dir {shlex.quote(jobs)} --release {shlex.quote(job)}"
         f" --nodes {shlex.quote(','.join(nodes))}"
     )
+    return line + (f" --start {shlex.quote(start)}" if start else "")
 
 
 def busy_message(node: str, busy: Mapping[str, Sequence[str]]) -> str:
@@ -71,6 +119,19 @@ def busy_message(node: str, busy: Mapping[str, Sequence[str]]) -> str:
     return (
         f"{node} runs another job: {jobs}. One job per node at a time: wait for it (-e wait=true waits,"
         f" within job_timeout), stop it (ansible-playbook jobs.yml -e stop={first}), or ask for other nodes."
+    )
+
+
+def twin_message(node: str, job: str, answer: Mapping[str, Any]) -> str:
+    """Another start of the same id holds ``node`` (two train.yml of one job_id at once, or a second start
+    while the first runs): what the refused start says."""
+    at = answer.get("at")
+    when = time.strftime("%H:%M:%S", time.localtime(float(at))) if isinstance(at, int | float) and at else "?"
+    return (
+        f"job {job} is being started by another train.yml already: {node} is claimed by that start (at"
+        f" {when}), and one job id runs once. Nothing of this start was written. Follow that one"
+        f" (ansible-playbook train.yml -e attach={job}), stop it (ansible-playbook jobs.yml -e stop={job}),"
+        " or start this one under another job_id."
     )
 
 
@@ -105,6 +166,10 @@ def parse_claim(output: str) -> tuple[bool, str]:
     node, other = str(answer.get("node") or "?"), str(answer.get("job") or "")
     if isinstance(answer.get("drained"), Mapping):
         return False, drained_message(node, answer["drained"])
+    if answer.get("locked"):
+        return False, str(answer.get("error") or f"{node}: its claim lock did not come free")
+    if answer.get("twin"):
+        return False, twin_message(node, other, answer)
     if other:
         nodes = answer.get("nodes")
         return False, busy_message(node, {other: [str(n) for n in nodes] if isinstance(nodes, list) else []})
@@ -379,6 +444,10 @@ def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> 
         if isinstance(drained, Mapping) and node not in down:
             # a drained node that runs a job: the job goes on, the drain keeps the node out of the next ones
             lines.append(f"{node}: {describe_drained(drained)}")
+        strays = reports.get(node, {}).get("strays")
+        if isinstance(strays, Mapping) and strays and node not in down:
+            left = "; ".join(f"job {job} (pids {', '.join(map(str, pids))})" for job, pids in strays.items())
+            lines.append(f"{node}: stray processes of ended jobs, ended by the next job's claim: {left}")
     for job, entry in order:
         for record in (entry.get("status") or {}).get("restarts") or []:
             lines.append(f"{job}: {job_status.describe_restart(record)}")

@@ -159,6 +159,7 @@ class Inventory:
     accelerator: str  # cluster_accelerator
     records: Mapping[str, Any]  # nodes.json: node -> NodeRecord fields
     records_dir: str = ""  # where they were read (for messages)
+    cluster: str = ""  # cluster_name: recorded in each plan, so that resume=true looks at this cluster's runs
     visible: Mapping[str, str] = field(default_factory=dict)  # node -> ASCEND_RT_VISIBLE_DEVICES
     npu_plan: Mapping[str, Any] = field(default_factory=dict)  # the device-IP plan (npu)
     cwd: str = "."  # where relative paths of the request are resolved (the playbook's working directory)
@@ -189,6 +190,9 @@ class Plan:
     script: str = ""  # the script on the controller (no workdir)
     workdir: str = ""  # the project directory on the controller
     resume_checkpoint: str = ""  # the checkpoint on the controller that the first node resumes from
+    # Newer checkpoints that resume=true passed over, each with why (not whole, or not the entrypoint's).
+    resume_skipped: Sequence[str] = ()
+    cluster: str = ""  # the inventory's cluster_name: resume=true looks among the runs planned for it
     rank_table: str = ""  # the job's HCCL rank table (JSON text), npu with hccl_init rank_table
     ping: Mapping[str, Sequence[Mapping[str, Any]]] = field(
         default_factory=dict
@@ -244,6 +248,10 @@ class Plan:
         if self.resume_checkpoint:
             line += f", resuming from {self.resume_checkpoint}"
         lines = [line]
+        if self.resume_skipped:
+            lines.append(
+                f"{self.label} {spec.id}: passed over newer checkpoint(s): {'; '.join(self.resume_skipped)}"
+            )
         drained = {node: why for node, why in self.skipped.items() if not why.startswith(NOT_CONVERGED)}
         if drained:
             passed = "; ".join(f"{node} ({why})" for node, why in drained.items())
@@ -296,22 +304,64 @@ class Plan:
         return data
 
 
-def find_checkpoint(runs_dir: Path, resume_from: str) -> str:
-    """The newest checkpoint fetched under ``runs_dir`` (of run ``resume_from`` when given), or ''. A run's
-    checkpoints are its output's (``runs/<id>/output/checkpoints/``; ``runs/<id>/checkpoints/`` in runs laid
-    out before the output had its own folder); the copies under ``runs/<id>/nodes/`` are not."""
-    run = resume_from or "*"
-    patterns = (
-        f"{run}/output/{checkpoint_names.FOLDER}/epoch-*.ckpt",
-        f"{run}/{checkpoint_names.FOLDER}/epoch-*.ckpt",
-    )
-    found = [
-        path
-        for pattern in patterns
-        for path in runs_dir.glob(pattern)
-        if checkpoint_names.is_checkpoint(path.name)
-    ]
-    return str(max(found, key=lambda path: path.stat().st_mtime)) if found else ""
+def run_cluster(run: Path) -> str | None:
+    """The cluster (cluster_name) a run was planned for, from its plan.json; None when it does not say."""
+    try:
+        planned = json.loads((run / PLAN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    cluster = planned.get("cluster") if isinstance(planned, Mapping) else None
+    return cluster if isinstance(cluster, str) else None
+
+
+def find_checkpoint(
+    runs_dir: Path,
+    resume_from: str,
+    cluster: str = "",
+    skipped: list[str] | None = None,
+    *,
+    ours_only: bool = False,
+) -> str:
+    """The newest checkpoint by training progress (its name's epoch and step; the run's id breaks a tie),
+    fetched under ``runs_dir``, that is whole (:func:`ddp_cluster.runtime.checkpoint_names.check_file`,
+    streamed): of run ``resume_from`` when given, else of the runs planned for ``cluster``; '' when none.
+    A file's mtime decides nothing. A run's checkpoints are its output's (``runs/<id>/output/checkpoints/``;
+    ``runs/<id>/checkpoints/`` in runs laid out before the output had its own folder); the copies under
+    ``runs/<id>/nodes/`` are not. Each newer one passed over is appended to ``skipped`` with why; with
+    ``ours_only`` (a job of the package's entrypoint, which loads only its own format), one without our
+    header is passed over too."""
+    notes = skipped if skipped is not None else []
+    if resume_from:
+        runs = [runs_dir / resume_from]
+    else:
+        try:
+            listed = sorted(runs_dir.iterdir())
+        except OSError:
+            listed = []
+        runs = [run for run in listed if run.is_dir() and run_cluster(run) == cluster]
+    found: list[tuple[tuple[int, int], str, Path]] = []
+    for run in runs:
+        for folder in (run / "output" / checkpoint_names.FOLDER, run / checkpoint_names.FOLDER):
+            try:
+                entries = list(folder.iterdir())
+            except OSError:
+                continue
+            for path in entries:
+                order = checkpoint_names.checkpoint_order(path.name)
+                if order is not None and path.is_file():
+                    found.append((order, run.name, path))
+    for _, _, path in sorted(found, reverse=True):
+        checked = checkpoint_names.check_file(path)
+        if checked.problem:
+            notes.append(checked.problem)
+        elif ours_only and checked.kind != "ours":
+            notes.append(
+                f"{path} was written by a user's script (no ddp_cluster header): the package's entrypoint"
+                " cannot load it; resume it with that script (-e script=...)"
+            )
+        else:
+            return str(path)
+    return ""
 
 
 def ping_targets(
@@ -405,6 +455,7 @@ class _Checked:
     script_path: Path | None  # the script on the controller (no project)
     runs_dir: Path
     checkpoint: str  # the checkpoint on the controller to resume from, empty: none
+    skipped_checkpoints: list[str]  # newer ones passed over, with why
 
 
 def _check(
@@ -478,11 +529,17 @@ def _check(
         )
     runs_dir = (cwd / str(request["runs_dir"] or options[PREFIX + "runs_dir"]["default"])).resolve()
     resume_from = str(request["resume_from"] or "")
-    checkpoint = find_checkpoint(runs_dir, resume_from) if resume and not problems else ""
+    skipped: list[str] = []
+    checkpoint = ""
+    if resume and not problems:
+        ours_only = request["kind"] == "train" and not script
+        checkpoint = find_checkpoint(runs_dir, resume_from, inventory.cluster, skipped, ours_only=ours_only)
     if resume and not problems and not checkpoint:
+        runs = f"run {resume_from}" if resume_from else f"no earlier run of cluster {inventory.cluster!r}"
         problems.append(
-            f"resume=true but {'run ' + resume_from if resume_from else 'no earlier run'} under {runs_dir}"
-            " has a checkpoint: run train.yml without resume first"
+            f"resume=true but {runs} under {runs_dir} has a checkpoint that is whole"
+            + (f" (passed over: {'; '.join(skipped)})" if skipped else "")
+            + ": run train.yml without resume first"
             + ("" if resume_from else ", or name a run with -e resume_from=JOB_ID")
         )
     if problems:
@@ -504,6 +561,7 @@ def _check(
         script_path=script_path,
         runs_dir=runs_dir,
         checkpoint=checkpoint,
+        skipped_checkpoints=skipped,
     )
 
 
@@ -665,6 +723,8 @@ def make_plan(
         script="" if gate or asked.project else str(script_path or ""),
         workdir="" if gate else project_dir,
         resume_checkpoint=checkpoint,
+        resume_skipped=[] if gate else asked.skipped_checkpoints,
+        cluster=inventory.cluster,
         rank_table=rank_table,
         ping=ping,
         bindings={node: records[node].cpu_binding for node in nodes},

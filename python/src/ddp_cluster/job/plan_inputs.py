@@ -40,6 +40,7 @@ def inventory(variables: Mapping[str, Any], value: Value, npu_plan: Mapping[str,
     return planning.Inventory(
         nodes=nodes,
         accelerator=str(value("cluster_accelerator")),
+        cluster=str(value("cluster_name") or ""),
         records=planning.read_records(records),
         records_dir=str(records),
         unconverged=planning.unconverged(records),

@@ -5,6 +5,11 @@ loss and, on a second axis, the test accuracy. :func:`plot_telemetry` draws a ru
 (runs/<id>/telemetry/NODE.jsonl, :mod:`ddp_cluster.accelerators.telemetry`'s records) per node over time:
 the job's CPU use, and on GPU and NPU nodes the devices' utilisation, memory and temperature, a device's
 problem marked where it was seen. Needs matplotlib (the ``plot`` extra), not torch.
+
+Both files are the job's to write, as long as it likes: they are read a line at a time (a line longer than
+:data:`MAX_LINE` is no record), and what is kept is thinned evenly to at most :data:`MAX_POINTS` points a
+curve (:class:`Thinned`: every k-th record, k doubling as the file goes on, the last one always), so a
+multi-gigabyte file costs the reader a few megabytes, however long the run.
 """
 
 from __future__ import annotations
@@ -12,15 +17,28 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from ddp_cluster import text
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.job import results
 
 METRICS_FILE = "metrics.jsonl"
+# The most points one curve is drawn with (a plot 800 pixels wide shows no more), and the longest line a
+# record may be (the entrypoint's are a few hundred bytes; a telemetry record of 16 devices a few KiB).
+MAX_POINTS = 4000
+MAX_LINE = 1024 * 1024
+# The fields of a metrics record the loss curve draws: the rest of each is not kept.
+PLOTTED = ("kind", "epoch", "step", "loss", "test_accuracy")
+# The most device problems named per node (each its first sighting); a node with more says how many more.
+MAX_PROBLEMS = 50
+
+T = TypeVar("T")
 
 
 class PlotError(DdpClusterError):
@@ -36,30 +54,104 @@ def metrics_file(run: Path) -> Path:
     return laid_out if laid_out.is_file() else run / METRICS_FILE
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file. A torn last line (a killed run) is skipped; any other bad line is
-    an error naming the file and line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as error:
-        raise PlotError(f"cannot read {path}: {error}") from error
-    records: list[dict[str, Any]] = []
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
+class Thinned(Generic[T]):
+    """At most about ``limit`` items of a stream of any length, evenly spread: every ``stride``-th is kept,
+    and when more than ``limit`` are kept every other one is dropped and the stride doubles; the stream's
+    last item is always among :meth:`items`."""
+
+    def __init__(self, limit: int = MAX_POINTS) -> None:
+        self.limit = max(2, limit)
+        self.kept: list[T] = []
+        self.stride = 1
+        self.seen = 0
+        self._last: tuple[T] | None = None
+
+    def add(self, item: T) -> None:
+        if self.seen % self.stride == 0:
+            self.kept.append(item)
+            if len(self.kept) > self.limit:
+                self.kept = self.kept[::2]
+                self.stride *= 2
+        self.seen += 1
+        self._last = (item,)
+
+    def items(self) -> list[T]:
+        if self._last is None or (self.kept and self.kept[-1] is self._last[0]):
+            return list(self.kept)
+        return [*self.kept, self._last[0]]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One line of a JSON-lines file that is not blank: its number, its JSON (None: ``wrong`` says why it
+    has none), whether it ended with a newline (a torn last line does not)."""
+
+    number: int
+    value: Any
+    wrong: str = ""
+    ended: bool = True
+
+
+def _records(handle: Any) -> Iterator[_Record]:
+    """Each line of an open JSON-lines file that is not blank, read a line at a time."""
+    for line in text.lines(handle, MAX_LINE):
+        number, ended = line.number, line.ended
+        if line.cut:
+            yield _Record(number, None, f"is longer than {MAX_LINE // 1024} KiB, which no record is", ended)
             continue
         try:
-            record = json.loads(text)
+            said = line.data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            wrong = f"is not UTF-8 (byte 0x{line.data[error.start]:02x} at {error.start})"
+            yield _Record(number, None, wrong, ended)
+            continue
+        if not said.strip():
+            continue
+        try:
+            yield _Record(number, json.loads(said), "", ended)
         except json.JSONDecodeError as error:
-            if number == len(lines):
-                print(f"ddp-cluster plot: skipping the incomplete last line of {path}", file=sys.stderr)
-                continue
-            raise PlotError(f"{path} line {number} is not JSON: {error.msg}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            raise PlotError(
-                f"{path} line {number} is not a metrics record (an object with an integer 'step')"
-            )
-        records.append(record)
-    return records
+            yield _Record(number, None, f"is not JSON: {error.msg}", ended)
+        except (ValueError, RecursionError) as error:
+            yield _Record(number, None, f"is not JSON: {str(error)[:100] or type(error).__name__}", ended)
+
+
+def read_metrics(path: Path, limit: int = MAX_POINTS) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file that the curve draws (:data:`PLOTTED` fields, a loss or accuracy
+    that is no number left out), read a line at a time and thinned to about ``limit`` of each kind (see the
+    module's text). A torn last line (a killed run) is skipped; any other bad line is an error naming the
+    file and line."""
+    steps: Thinned[tuple[int, dict[str, Any]]] = Thinned(limit)
+    epochs: Thinned[tuple[int, dict[str, Any]]] = Thinned(limit)
+    order = 0
+    pending = ""  # a line that is no record: an error, unless it is the file's last
+    try:
+        with open(path, "rb") as handle:
+            for line in _records(handle):
+                if pending:
+                    raise PlotError(pending)
+                number, record = line.number, line.value
+                if line.wrong:
+                    pending = f"{path} line {number} {line.wrong}"
+                    continue
+                if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                    raise PlotError(
+                        f"{path} line {number} is not a metrics record (an object with an integer 'step')"
+                    )
+                kept = {key: record[key] for key in PLOTTED if key in record}
+                for key in ("loss", "test_accuracy"):
+                    if key in kept and kept[key] is not None and not _number(kept[key]):
+                        del kept[key]
+                order += 1
+                (epochs if kept.get("kind") == "epoch" else steps).add((order, kept))
+    except OSError as error:
+        raise PlotError(f"cannot read {path}: {error}") from error
+    if pending:
+        print(f"ddp-cluster plot: skipping the incomplete last line of {path}", file=sys.stderr)
+    return [record for _, record in sorted([*steps.items(), *epochs.items()], key=lambda pair: pair[0])]
 
 
 def plot_metrics(records: list[dict[str, Any]], out: Path, title: str) -> None:
@@ -104,24 +196,70 @@ def plot_metrics(records: list[dict[str, Any]], out: Path, title: str) -> None:
     pyplot.close(figure)
 
 
-def read_telemetry(folder: Path) -> dict[str, list[dict[str, Any]]]:
-    """Node -> its telemetry records, in time order, from folder/NODE.jsonl (a line that is no record, a
-    torn last one among them, is skipped: the files are written while the job runs)."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+@dataclass
+class NodeTelemetry:
+    """One node's telemetry file, read a line at a time: its records thinned to about :data:`MAX_POINTS`
+    (in time order), how many there were, the earliest time, each device problem's first sighting (device
+    index, what -> time; at most :data:`MAX_PROBLEMS`, ``more_problems`` the others), the lines that were no
+    record."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    samples: int = 0
+    start: float = math.inf
+    problems: dict[tuple[str, str], float] = field(default_factory=dict)
+    more_problems: int = 0
+    skipped: int = 0
+
+
+def scan_telemetry(folder: Path, limit: int = MAX_POINTS) -> dict[str, NodeTelemetry]:
+    """Node -> its telemetry (:class:`NodeTelemetry`), from folder/NODE.jsonl (a line that is no record, a
+    torn last one among them, is skipped and counted: the files are written while the job runs); a file
+    that is a link, or that holds no record, is left out."""
+    found: dict[str, NodeTelemetry] = {}
+    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() and not folder.is_symlink() else []:
         if path.is_symlink() or not path.is_file():
             continue
-        records = []
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("time"), int | float):
-                records.append(record)
-        if records:
-            found[str(records[0].get("node") or path.stem)] = sorted(records, key=lambda item: item["time"])
+        node = NodeTelemetry()
+        kept: Thinned[dict[str, Any]] = Thinned(limit)
+        name = ""
+        try:
+            with open(path, "rb") as handle:
+                for line in _records(handle):
+                    record = line.value
+                    at = record.get("time") if isinstance(record, dict) else None
+                    if not isinstance(at, int | float) or isinstance(at, bool) or not math.isfinite(at):
+                        node.skipped += line.ended  # a torn last line is the file being written
+                        continue
+                    name = name or (record["node"] if isinstance(record.get("node"), str) else "")
+                    node.samples += 1
+                    node.start = min(node.start, float(at))
+                    _note_problems(node, record, float(at))
+                    kept.add(record)
+        except OSError:
+            continue
+        if node.samples:
+            node.records = sorted(kept.items(), key=lambda item: float(item["time"]))
+            found[name or path.stem] = node
     return found
+
+
+def _note_problems(node: NodeTelemetry, record: dict[str, Any], at: float) -> None:
+    for device in _list(record.get("devices")):
+        said = device.get("problem") if isinstance(device, dict) else None
+        if not said:
+            continue
+        key = (str(device.get("index")), str(said)[:200])
+        if key in node.problems:
+            node.problems[key] = min(node.problems[key], at)
+        elif len(node.problems) < MAX_PROBLEMS:
+            node.problems[key] = at
+        else:
+            node.more_problems += 1
+
+
+def read_telemetry(folder: Path, limit: int = MAX_POINTS) -> dict[str, list[dict[str, Any]]]:
+    """Node -> its telemetry records, in time order, thinned to about ``limit`` (:func:`scan_telemetry`)."""
+    return {node: found.records for node, found in scan_telemetry(folder, limit).items()}
 
 
 def _list(value: Any) -> list[Any]:

@@ -19,6 +19,12 @@ into ``RUN_DIR/.incoming/``; a user can run it again on any run directory. In or
 
 :func:`report` returns the lines to print, the warnings (what a step after the job could not do: never a
 failure of a job that succeeded), the one-line failure (empty on success) and the exit status (0, or 1).
+
+Every file it reads a job could have written (the job's directory is the job's): each is read in bounded
+memory (metrics and telemetry a line at a time, the rest up to a size), one that cannot be read is a warning
+naming the node and what is wrong (``node1: .../status.json is ... not UTF-8 ...``), never a traceback; and
+every line it returns is shown, never obeyed (:func:`ddp_cluster.text.visible`: a rank's log tail, a reason,
+a file's name hold no escape sequence a terminal would act on).
 """
 
 from __future__ import annotations
@@ -36,12 +42,17 @@ from ddp_cluster.health import judge as health
 from ddp_cluster.job import doctor, plan, results, status
 from ddp_cluster.job import sync as job_sync
 from ddp_cluster.runtime.metrics import METRICS_FILE, SUMMARY_FILE
+from ddp_cluster.text import visible
 
 PLOT_FILE = "loss.png"
 TELEMETRY_PLOT = "telemetry.png"
 # A stop asked with jobs.yml -e stop=ID is not the job's failure (Ctrl-C in train.yml is: it exits non-zero).
 STOPPED_BY_JOBS = "stopped with jobs.yml"
 DOCTOR_WIDTH = 110
+NO_STATUS = "no status from the supervisor"
+UNREADABLE_STATUS = "its status.json cannot be read (the warning above says why)"
+# The most of summary.json that is read: the entrypoint's is a few hundred bytes; a larger one is not read.
+SUMMARY_MAX = 1024 * 1024
 
 
 @dataclass
@@ -71,9 +82,14 @@ def _summary(run_dir: Path, report: Report) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        report.warnings.append(f"{SUMMARY_FILE} is not valid JSON: the figures below are missing")
+        with open(path, "rb") as handle:
+            raw = handle.read(SUMMARY_MAX + 1)
+        if len(raw) > SUMMARY_MAX:
+            raise ValueError(f"larger than {SUMMARY_MAX // 1024} KiB, which no summary is")
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as error:
+        said = "not UTF-8" if isinstance(error, UnicodeDecodeError) else str(error)[:200]
+        report.warnings.append(f"{SUMMARY_FILE} is not valid JSON ({said}): the figures below are missing")
         return {}
     return dict(data) if isinstance(data, Mapping) else {}
 
@@ -111,25 +127,26 @@ def _telemetry(run_dir: Path, report: Report) -> list[str]:
         return []
     from ddp_cluster.job import plot  # matplotlib, only when there is telemetry to draw
 
-    found = plot.read_telemetry(folder)
-    if not found:
+    scanned = plot.scan_telemetry(folder)
+    if not scanned:
         return []
-    samples = sum(len(records) for records in found.values())
+    samples = sum(node.samples for node in scanned.values())
     drawn = output_dir(run_dir) / TELEMETRY_PLOT
-    lines = [f"telemetry: {len(found)} node(s), {samples} sample(s): {folder} (drawn: {drawn})"]
-    start = min(records[0]["time"] for records in found.values())
-    seen: set[tuple[str, Any, str]] = set()
-    for node, records in sorted(found.items()):
-        for record in records:
-            for device in record.get("devices") or []:
-                said = device.get("problem") if isinstance(device, Mapping) else None
-                if said and (node, device.get("index"), said) not in seen:
-                    seen.add((node, device.get("index"), said))
-                    minutes = (float(record["time"]) - start) / 60
-                    lines.append(
-                        f"device problem: {node} device {device.get('index')}: {said}"
-                        f" (first seen {minutes:.1f} min into the job)"
-                    )
+    lines = [f"telemetry: {len(scanned)} node(s), {samples} sample(s): {folder} (drawn: {drawn})"]
+    start = min(node.start for node in scanned.values())
+    for name, node in sorted(scanned.items()):
+        for (index, said), at in sorted(node.problems.items(), key=lambda item: (item[1], item[0])):
+            lines.append(
+                f"device problem: {name} device {index}: {said}"
+                f" (first seen {(at - start) / 60:.1f} min into the job)"
+            )
+        if node.more_problems:
+            lines.append(f"device problem: {name}: {node.more_problems} more sighting(s) of other problems")
+        if node.skipped:
+            report.warnings.append(
+                f"{name}: {node.skipped} line(s) of its telemetry are no record (left out of the plot)"
+            )
+    found = {name: node.records for name, node in scanned.items()}
     if drawn.is_symlink() or drawn.is_dir():
         report.warnings.append(f"no telemetry plot: {drawn} is a link or a folder (never written through)")
         return lines
@@ -141,8 +158,10 @@ def _telemetry(run_dir: Path, report: Report) -> list[str]:
     return lines
 
 
-def _failure_lines(label: str, run_dir: Path, found: status.Status | None) -> list[str]:
-    found = found or status.Status(state="failed", reason="no status from the supervisor")
+def _failure_lines(
+    label: str, run_dir: Path, found: status.Status | None, missing: str = NO_STATUS
+) -> list[str]:
+    found = found or status.Status(state="failed", reason=missing)
     if found.exit_code is not None:
         exit_line = f"exit code {found.exit_code}"
     elif found.signal_name:
@@ -159,7 +178,7 @@ def _failure_lines(label: str, run_dir: Path, found: status.Status | None) -> li
         ]
     rank = found.failed_rank if found.failed_rank is not None else "unknown"
     lines = [
-        f"{label} failed: {found.reason or 'no status from the supervisor'}",
+        f"{label} failed: {found.reason or missing}",
         f"node: {found.failed_node or 'unknown'}, rank: {rank},",
         exit_line,
         f"ranks left running after the stop: {leftover}",
@@ -174,8 +193,35 @@ def _failure_lines(label: str, run_dir: Path, found: status.Status | None) -> li
     return [*lines, f"all logs: {run_dir}"]
 
 
+def _statuses(run_dir: Path, first: str, out: Report) -> tuple[status.Status | None, bool]:
+    """The run's status (the first node's, laid out as runs/<id>/status.json) and whether it is there but
+    cannot be read; each node's status.json that cannot be read a warning naming the node, and the run's own
+    too when it is not one of those."""
+    found, problem = status.read_checked(run_dir / status.FILE, settled=True)
+    named = set()
+    for path in sorted((run_dir / results.NODES).glob(f"*/{status.FILE}")):
+        if path.is_symlink() or not path.is_file():
+            continue
+        said = status.read_checked(path, settled=True)[1]
+        if said:
+            out.warnings.append(f"{path.parent.name}: {said}")
+            named.add(path.parent.name)
+    if problem and first not in named:
+        out.warnings.append(f"{first or 'the first node'}: {problem}")
+    return found, bool(problem)
+
+
 def report(run_dir: Path) -> Report:
-    """The report of a run directory whose plan.json the plan wrote (see the module's text)."""
+    """The report of a run directory whose plan.json the plan wrote (see the module's text), every line
+    shown, never obeyed."""
+    out = _report(run_dir)
+    out.lines = [visible(line, newlines=False) for line in out.lines]
+    out.warnings = [visible(warning, newlines=False) for warning in out.warnings]
+    out.failure = visible(out.failure, newlines=False)
+    return out
+
+
+def _report(run_dir: Path) -> Report:
     out = Report()
     try:
         planned = plan.load(run_dir)
@@ -207,8 +253,8 @@ def report(run_dir: Path) -> Report:
                 f"the results could not be laid out under {run_dir}: {str(error)[:300]} (the archives of the"
                 f" nodes are in {run_dir}/.incoming)"
             )
-    found, problem = status.read_checked(run_dir / status.FILE)
-    out.warnings += [problem] if problem else []
+    found, unreadable = _statuses(run_dir, first, out)
+    missing = UNREADABLE_STATUS if unreadable else NO_STATUS
     succeeded = found is not None and found.succeeded
     restarts = [status.describe_restart(record) for record in (found.restarts if found else ())]
     if restarts:
@@ -244,7 +290,7 @@ def report(run_dir: Path) -> Report:
     elif succeeded:
         out.lines += watched
         return _gate(run_dir, label, kind, out)
-    out.lines += [*_failure_lines(label, run_dir, found), *watched]
+    out.lines += [*_failure_lines(label, run_dir, found, missing), *watched]
     if found is not None and found.interrupted.startswith(STOPPED_BY_JOBS):
         out.lines.append(f"{label}: stopped as asked ({found.interrupted}); what there was: {run_dir}")
         return out
@@ -252,7 +298,7 @@ def report(run_dir: Path) -> Report:
         out.failure = f"{label}: {found.interrupted}; what there was is in {run_dir}"
         return out
     out.failure = (
-        f"{label} failed: {found.reason if found and found.reason else 'no status from the supervisor'}"
+        f"{label} failed: {found.reason if found and found.reason else missing}"
         f" (node {found.failed_node if found and found.failed_node else 'unknown'});"
         f" the report above names the likely cause; all logs: {run_dir}"
     )

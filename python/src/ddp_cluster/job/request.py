@@ -19,6 +19,7 @@ from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.inventory import envnames
+from ddp_cluster.job import node_jobs
 
 PREFIX = "ddp_job_"
 # The extra var a user types for each of the role's variables (ddp_job_<name>: what its default in
@@ -132,7 +133,18 @@ def check_request(request: Mapping[str, Any], options: Mapping[str, Mapping[str,
             problems.append(f"{shown} must be a string, not {value!r}")
     if isinstance(request.get("env"), Mapping):
         problems += envnames.name_problems(request["env"], user_name("env"))
-    return problems + launcher_owned_problems(request)
+    return problems + id_problems(request) + launcher_owned_problems(request)
+
+
+def id_problems(request: Mapping[str, Any]) -> list[str]:
+    """The job id the request names (job_id, attach), checked whole and for its length
+    (:func:`ddp_cluster.job.node_jobs.id_problem`); empty: none asked (one is made)."""
+    problems = []
+    for name in ("id", "attach"):
+        value = request.get(name)
+        if value not in (None, "") and (problem := node_jobs.id_problem(value, user_name(name))):
+            problems.append(problem)
+    return problems
 
 
 def owned_option(argument: str) -> str:

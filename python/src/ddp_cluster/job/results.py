@@ -24,6 +24,11 @@ named too, before anything is read through the tree (:func:`escaping_links`). An
 as far as it reads, one of more than :data:`MAX_MEMBERS` members up to there, each said. Nothing of it can
 replace the controller's own files: the output goes under ``output/``, the rest under ``nodes/<node>/``.
 
+What the nodes send is bounded by the job's ``results_max_gb`` (:func:`limit`): each node packs at most its
+share (:func:`shares`: the first node, whose output is the run's, at least three quarters; every other node an
+equal part of the rest), and the layout, whatever the archives say, writes at most the job's limit in all, the
+first node's first: a member over what is left is left out and named.
+
 Standard library only: the supervisor runs it in the node image, the controller without torch.
 
     python -m ddp_cluster.job.results RUN_DIR FIRST_NODE NODE,NODE,... [PROCESSES_PER_NODE (torchrun only)]
@@ -31,13 +36,14 @@ Standard library only: the supervisor runs it in the node image, the controller 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import sys
 import tarfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -62,6 +68,11 @@ DATA_FILTER = hasattr(tarfile, "data_filter")
 MEMBER_ERRORS: tuple[type[Exception], ...] = (
     (tarfile.FilterError, OSError) if hasattr(tarfile, "FilterError") else (OSError,)
 )
+# The job's results_max_gb when its plan states none (the setting's default: roles/ddp_job's argument_specs,
+# held equal by python/tests/test_results_bounds.py), and a GiB.
+RESULTS_MAX_GB = 256
+GIB = 1 << 30
+PLAN_FILE = "plan.json"  # ddp_cluster.job.bundle.PLAN_FILE: the controller's own plan of the run
 # OpenMPI's first job of an mpirun is number 1: its per-process files are logs/1/rank.N/stdout.
 MPIRUN_LOG = re.compile(r"^logs/[^/]+/rank\.(\d+)/stdout$")
 WORKER_LOG = re.compile(r"^logs/torchrun/[^/]+/attempt_(\d+)/(\d+)/stdout\.log$")
@@ -108,6 +119,53 @@ def worker_logs(node_dir: Path, node_index: int, nproc: int, logs: Path) -> None
             continue
         text = stdout.read_bytes() + (stderr.read_bytes() if _regular(stderr) else b"")
         (logs / rank_log_name(node_index * nproc + local)).write_bytes(text)
+
+
+def limit(spec: Mapping[str, object]) -> int:
+    """The bytes a job's results may bring (its spec's ``results_max_gb``; the default when it states
+    none)."""
+    value = spec.get("results_max_gb", RESULTS_MAX_GB)
+    gib = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else RESULTS_MAX_GB
+    return max(int(gib * GIB), 0)
+
+
+def run_limit(run_dir: Path) -> int:
+    """The bytes the job of ``run_dir`` may bring, from its plan.json (the controller's own); the default
+    when there is none to read."""
+    try:
+        planned = json.loads((run_dir / PLAN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        planned = {}
+    spec = planned.get("spec") if isinstance(planned, Mapping) else None
+    return limit(spec if isinstance(spec, Mapping) else {})
+
+
+def shares(total: int, nodes: Sequence[str], first: str) -> dict[str, int]:
+    """Each node's part of ``total`` bytes: every node but ``first`` ``total // (4 * len(nodes))`` (its logs,
+    and a replica of the checkpoint where that fits), ``first`` the rest (the run's output and checkpoint: at
+    least three quarters); their sum is never over ``total``."""
+    each = total // (4 * len(nodes)) if nodes else 0
+    others = sum(1 for node in nodes if node != first)
+    return {node: total - each * others if node == first else each for node in nodes}
+
+
+def collect_share(plan: Mapping[str, object], node: str) -> int:
+    """What the collect lets ``node`` pack (``ddp_job_pack``'s ``max_bytes``), from the whole plan: its share
+    of the job's limit among every node that may hold its results (the job's and its spares), the first being
+    the node whose supervisor ended the job (a standby that took it over), as the report has it."""
+    spec, host_dirs = plan.get("spec"), plan.get("host_dirs")
+    nodes = [str(name) for name in host_dirs] if isinstance(host_dirs, Mapping) else []
+    first = str(plan.get("first") or (nodes[0] if nodes else node))
+    try:
+        ended = json.loads((Path(str(plan.get("run_dir"))) / "status.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        ended = None
+    ended_on = ended.get("supervisor_node") if isinstance(ended, Mapping) else None
+    if isinstance(ended_on, str) and ended_on:
+        first = ended_on
+    if node not in nodes:
+        nodes.append(node)
+    return shares(limit(spec if isinstance(spec, Mapping) else {}), nodes, first)[node]
 
 
 @dataclass
@@ -165,6 +223,8 @@ class Extracted:
     shown: list[str] = field(default_factory=list)
     broken: str = ""
     cut: bool = False
+    written: int = 0  # the bytes of the files laid out
+    over: list[str] = field(default_factory=list)  # the files left out over the limit, ``path (bytes)``
 
     def leave_out(self, name: str, why: str) -> None:
         self.left_out += 1
@@ -209,9 +269,11 @@ def escaping_links(target: Path) -> list[tuple[str, str]]:
     return removed
 
 
-def extract(archive: Path, target: Path) -> Extracted:
+def extract(archive: Path, target: Path, max_bytes: int | None = None) -> Extracted:
     """The archive's members unpacked under ``target``, each checked first (:func:`unsafe`) and unpacked
-    with tarfile's ``data`` filter where there is one; then every link resolved (:func:`escaping_links`)."""
+    with tarfile's ``data`` filter where there is one; then every link resolved (:func:`escaping_links`).
+    With ``max_bytes``, files of more bytes in all are left out, named, whatever the archive holds (tarfile
+    writes a member's declared size, never more)."""
     done = Extracted()
     links: set[str] = set()  # a member under a link laid out before would be written through it
     read = 0
@@ -229,6 +291,9 @@ def extract(archive: Path, target: Path) -> Extracted:
                     continue
                 parents = {str(parent) for parent in PurePosixPath(name).parents}
                 why = "a path through a link" if parents & links else unsafe(member, name)
+                if not why and max_bytes is not None and member.size > max_bytes - done.written:
+                    done.over.append(f"{name} ({member.size} bytes)")
+                    continue
                 if why:
                     done.leave_out(name, why)
                     continue
@@ -246,6 +311,8 @@ def extract(archive: Path, target: Path) -> Extracted:
                     continue
                 if member.issym():
                     links.add(name)
+                if member.isreg():
+                    done.written += member.size
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         done.broken = str(error) or type(error).__name__
     for name, why in escaping_links(target):
@@ -287,15 +354,24 @@ def _merge_telemetry(source: Path, telemetry: Path) -> None:
             shutil.move(str(item), destination)
 
 
-def lay_out(run_dir: Path, first: str, nodes: Sequence[str], torchrun_nproc: int | None = None) -> LaidOut:
+def lay_out(
+    run_dir: Path,
+    first: str,
+    nodes: Sequence[str],
+    torchrun_nproc: int | None = None,
+    max_bytes: int | None = None,
+) -> LaidOut:
     """Unpack each node's archive (``run_dir/.incoming/<node>.tar.gz``) under ``run_dir`` (see the module's
-    text). Never raises on what a job left: unsafe members are left out and a cut archive laid out as far as
-    it reads, each said in the warnings."""
+    text), the first node's first, never more than ``max_bytes`` of files in all (the job's limit from its
+    plan.json when not given). Never raises on what a job left: unsafe members and those over the limit are
+    left out and a cut archive laid out as far as it reads, each said in the warnings."""
     incoming = run_dir / ".incoming"
     logs = run_dir / LOGS
     logs.mkdir(parents=True, exist_ok=True)
     done = LaidOut()
-    for index, node in enumerate(nodes):
+    left = run_limit(run_dir) if max_bytes is None else max_bytes
+    order = sorted(enumerate(nodes), key=lambda indexed: indexed[1] != first)  # the run's output first
+    for index, node in order:
         archive = incoming / f"{node}.tar.gz"
         if not archive.exists():
             done.missing.append(node)
@@ -305,12 +381,19 @@ def lay_out(run_dir: Path, first: str, nodes: Sequence[str], torchrun_nproc: int
             shutil.rmtree(target)  # a collection made again: this archive is the node's whole directory
         target.mkdir(parents=True, exist_ok=True)
         # Nothing below reads the tree before extract() has removed the links that lead out of it.
-        got = extract(archive, target)
+        got = extract(archive, target, left)
+        left -= got.written
         if got.left_out:
             shown = ", ".join(got.shown) + (
                 f" and {got.left_out - len(got.shown)} more" if got.left_out > len(got.shown) else ""
             )
             done.warnings.append(f"results: skipped {got.left_out} unsafe member(s) from {node}: {shown}")
+        if got.over:
+            more = f" and {len(got.over) - SHOWN} more" if len(got.over) > SHOWN else ""
+            done.warnings.append(
+                f"results: {len(got.over)} file(s) of {node} left out, over the job's results_max_gb"
+                f" ({', '.join(got.over[:SHOWN])}{more}): raise -e results_max_gb to bring them"
+            )
         if got.cut:
             done.warnings.append(
                 f"results: {node}'s archive has more than {MAX_MEMBERS} members: the first {MAX_MEMBERS} are"

@@ -8,7 +8,13 @@ node, ``JOB/secrets.json`` (:data:`FILE`, mode 0600, in a job directory of mode 
 to every other node with the job's files, and each rank's wrapper (:mod:`ddp_cluster.runtime.secrets`) reads
 it into its environment. What the supervisor writes from a rank's output (status.json's log tails and
 progress) has every value of :data:`MIN_MASKED` characters or more replaced by :data:`MASK` (:func:`mask`,
-:func:`mask_all`): a shorter one would mask ordinary words.
+:func:`mask_all`): a shorter one would mask ordinary words. A value that spans lines is also masked line by
+line (logs are read and shown by the line), and :func:`forms` gives the byte strings a node masks in files
+(each value and its JSON-escaped form), whatever else the file holds (a NUL byte does not make a log binary).
+
+The values together are at most :data:`MAX_BYTES` as ``secrets.json`` holds them (:func:`values` refuses
+more, naming the largest): every node that masks reads the file whole, within its bound (``server.pack``
+and ``supervisor.sync`` read up to 1 MiB), so no node ever meets a secrets file too large to mask with.
 
 Standard library only.
 """
@@ -26,6 +32,8 @@ from ddp_cluster.errors import DdpClusterError
 FILE = "secrets.json"
 MASK = "***"
 MIN_MASKED = 4
+# secrets.json's largest size: far below what each node's masking reads of it (1 MiB), far above a token.
+MAX_BYTES = 64 << 10
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What the launcher, the rank wrapper or torchrun set in a rank's environment: a secret may not replace it.
 # The job's own DDP_* variables and those of MPI, torchrun and Slurm are refused by prefix.
@@ -120,7 +128,16 @@ def values(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
     those it lacks."""
     if absent := missing(names, environ):
         raise SecretError(missing_message(absent))
-    return {name: environ[name] for name in names}
+    found = {name: environ[name] for name in names}
+    if len(dumps(found)) > MAX_BYTES:
+        largest = max(found, key=lambda name: len(found[name]))
+        raise SecretError(
+            f"secret_env: the values of {', '.join(names)} come to {len(dumps(found))} bytes, more than the"
+            f" {MAX_BYTES} a job's secrets may hold ({largest} alone is {len(found[largest])} characters):"
+            " secret_env is for tokens and passwords; put a larger secret (a key file) where the job reads it"
+            " (a node_container_volumes mount) and pass its path"
+        )
+    return found
 
 
 def dumps(secrets: Mapping[str, str]) -> bytes:
@@ -132,8 +149,9 @@ def read(job_dir: Path) -> dict[str, str]:
     """The secrets in ``job_dir``/secrets.json, {} when there is none (or it cannot be read: the supervisor
     then masks nothing, and the ranks, whose wrapper names the problem, fail)."""
     try:
-        data = json.loads((job_dir / FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open(job_dir / FILE, "rb") as handle:
+            data = json.loads(handle.read(MAX_BYTES + 1).decode("utf-8"))
+    except (OSError, ValueError):  # a file cut at the bound does not parse either
         return {}
     if not isinstance(data, Mapping):
         return {}
@@ -141,8 +159,25 @@ def read(job_dir: Path) -> dict[str, str]:
 
 
 def maskable(secrets: Iterable[str]) -> list[str]:
-    """The values to mask, longest first (a value that holds another is masked whole)."""
-    return sorted({value for value in secrets if len(value) >= MIN_MASKED}, key=len, reverse=True)
+    """The values to mask, longest first (a value that holds another is masked whole); a value of several
+    lines also each of its lines (a log shows it line by line)."""
+    found = set()
+    for value in secrets:
+        found.add(value)
+        if "\n" in value or "\r" in value:
+            found.update(value.splitlines())
+    return sorted({value for value in found if len(value) >= MIN_MASKED}, key=len, reverse=True)
+
+
+def forms(secrets: Iterable[str]) -> list[bytes]:
+    """The byte strings a node masks in a job's files and logs: each value (and each of its lines) and its
+    JSON-escaped form (status.json quotes a rank's lines), UTF-8, longest first."""
+    values = maskable(secrets)
+    return sorted(
+        {form.encode() for value in values for form in (value, json.dumps(value)[1:-1])},
+        key=len,
+        reverse=True,
+    )
 
 
 def mask(text: str, secrets: Iterable[str]) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ddp_cluster.accelerators import ACCELERATORS, DEVICE_BACKEND
 from ddp_cluster.errors import DdpClusterError
-from ddp_cluster.job import results, secrets
+from ddp_cluster.job import node_jobs, results, secrets
 from ddp_cluster.runtime.distenv import DEFAULT_MASTER_PORT
 
 # Open MPI's daemon wire-up (launch_argv): ssh sessions mpirun keeps in flight, and the fan-out of each level
@@ -38,7 +38,8 @@ JOB_FILE = "job.json"
 # The job's files as the plan ships them (job.json, the script or the project, the rank table), unpacked in
 # every node's job directory.
 BUNDLE_FILE = "job.tar.gz"
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# A job's id, matched whole (\A..\Z: a trailing newline is no part of an id); its length is node_jobs.ID_MAX.
+NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 PORTS = re.compile(r"^$|^[0-9]+(-[0-9]+)?$")
 
 
@@ -127,10 +128,8 @@ class JobSpec:
 
     def check(self) -> None:
         """The rules between fields; JobSpecError naming the field."""
-        if not NAME.match(self.id):
-            raise JobSpecError(
-                f"id={self.id!r} may hold only letters, digits, _ . and - (a letter or digit first)"
-            )
+        if problem := node_jobs.id_problem(self.id, "id"):
+            raise JobSpecError(problem)
         if not self.job_dir.startswith("/"):
             raise JobSpecError(f"job_dir={self.job_dir!r} must be an absolute path in the node")
         if len(set(self.nodes)) != len(self.nodes):

@@ -19,8 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.text import visible
 
 FILE = "status.json"
+# The most of a status.json that is read: a supervisor's is a few KiB (a log tail of 20 lines); a larger file
+# is something else's (the job's directory is the job's to write), named, never read whole.
+MAX_BYTES = 4 * 1024 * 1024
+# The most of a wrong value an error quotes (a field of megabytes is named, not printed).
+QUOTED = 120
 STATES = ("starting", "running", "succeeded", "failed")
 # Each field's type, checked when a file is read (one edited by hand is refused naming the field).
 _KINDS: dict[str, tuple[type, ...]] = {
@@ -94,6 +100,11 @@ class TornStatus(StatusError):
     """A status.json that is no JSON (yet): a partial read, a file cut short; the next read may be whole."""
 
 
+def _quoted(value: Any) -> str:
+    said = repr(value)
+    return said if len(said) <= QUOTED else f"{said[:QUOTED]}... ({len(said)} characters)"
+
+
 def _kinds(kinds: tuple[type, ...]) -> str:
     return " or ".join("list of strings" if kind is list else kind.__name__ for kind in kinds)
 
@@ -109,15 +120,15 @@ def _fits(value: Any, kinds: tuple[type, ...]) -> bool:
 def _records(name: str, value: Any) -> tuple[dict[str, Any], ...]:
     """A list of records (:data:`RECORDS`), each field checked by type."""
     if isinstance(value, str) or not isinstance(value, list | tuple):
-        raise StatusError(f"{name}={value!r} must be a list of records")
+        raise StatusError(f"{name}={_quoted(value)} must be a list of records")
     records = []
     for index, record in enumerate(value):
         if not isinstance(record, Mapping):
-            raise StatusError(f"{name}[{index}]={record!r} must be a record (a mapping of fields)")
+            raise StatusError(f"{name}[{index}]={_quoted(record)} must be a record (a mapping of fields)")
         for field_name, kinds in RECORDS[name].items():
             item = record.get(field_name)
             if item is not None and not _fits(item, kinds):
-                raise StatusError(f"{name}[{index}].{field_name}={item!r} must be {_kinds(kinds)}")
+                raise StatusError(f"{name}[{index}].{field_name}={_quoted(item)} must be {_kinds(kinds)}")
         records.append(dict(record))
     return tuple(records)
 
@@ -193,25 +204,27 @@ class Status:
                 continue
             value = data[name]
             if name in _KINDS and not _fits(value, _KINDS[name]):
-                raise StatusError(f"{name}={value!r} must be {_kinds(_KINDS[name])}")
+                raise StatusError(f"{name}={_quoted(value)} must be {_kinds(_KINDS[name])}")
             if name in LISTS:
                 if isinstance(value, str) or not isinstance(value, list | tuple):
-                    raise StatusError(f"{name}={value!r} must be a list of strings")
+                    raise StatusError(f"{name}={_quoted(value)} must be a list of strings")
                 value = tuple(str(item) for item in value)
             elif name == "leftover":
                 if not isinstance(value, Mapping):
-                    raise StatusError(f"leftover={value!r} must map nodes to text")
+                    raise StatusError(f"leftover={_quoted(value)} must map nodes to text")
                 value = {str(node): str(text) for node, text in value.items()}
             elif name in RECORDS:
                 value = _records(name, value)
             elif name == "checkpoint_steps":
                 for checkpoint, step in value.items():
                     if not _fits(step, (int,)):
-                        raise StatusError(f"checkpoint_steps[{checkpoint!r}]={step!r} must be int")
+                        raise StatusError(
+                            f"checkpoint_steps[{_quoted(checkpoint)}]={_quoted(step)} must be int"
+                        )
             values[name] = value
         status = cls(**values)
         if status.state not in STATES:
-            raise StatusError(f"state={status.state!r} is unknown: one of {', '.join(STATES)}")
+            raise StatusError(f"state={_quoted(status.state)} is unknown: one of {', '.join(STATES)}")
         return status
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,7 +243,8 @@ class Status:
 
 
 def describe_restart(record: Mapping[str, Any]) -> str:
-    """One line of a restart record, as the wait, the report and jobs.yml print it."""
+    """One line of a restart record, as the wait, the report and jobs.yml print it: shown, never obeyed
+    (:func:`ddp_cluster.text.visible`: the job's directory, where the status is, is the job's to write)."""
     lost = ", ".join(record.get("lost") or []) or "no node"
     after = ", ".join(record.get("nodes_after") or [])
     spares = record.get("spares_taken") or []
@@ -245,17 +259,33 @@ def describe_restart(record: Mapping[str, Any]) -> str:
         line += f", {record['steps_redone']} step(s) redone"
     if record.get("training_again_s") is not None:
         line += f", training again {record['training_again_s']:.1f} s after the loss"
-    return line
+    return visible(line, newlines=False)
 
 
 def loads(text: str) -> Status:
     """The status ``text`` holds: TornStatus when it is no JSON, StatusError when a field (or a record's)
-    has the wrong type, naming it."""
+    has the wrong type, naming it, or when it nests too deeply to be read."""
     try:
         data = json.loads(text)
     except ValueError as error:
         raise TornStatus(f"not JSON: {error}") from error
+    except RecursionError:
+        raise StatusError("its JSON nests deeper than any status: not read") from None
     return Status.from_dict(data)
+
+
+def parse(data: bytes) -> Status:
+    """The status the bytes of a status.json hold (:func:`loads`); StatusError, naming what is wrong, when
+    they are more than :data:`MAX_BYTES` (only that much is read: give MAX_BYTES + 1) or no UTF-8."""
+    if len(data) > MAX_BYTES:
+        raise StatusError(f"it is larger than {MAX_BYTES // 2**20} MiB, which no status is: not read")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise StatusError(
+            f"it is not UTF-8: byte 0x{data[error.start]:02x} at offset {error.start}"
+        ) from None
+    return loads(text)
 
 
 def unreadable(where: object, error: StatusError) -> str:
@@ -266,13 +296,20 @@ def unreadable(where: object, error: StatusError) -> str:
     )
 
 
-def read_checked(path: Path) -> tuple[Status | None, str]:
+def read_checked(path: Path, settled: bool = False) -> tuple[Status | None, str]:
     """The status in ``path`` and '' (None and '': none yet, or a torn copy); None and what is wrong
-    (:func:`unreadable`) when it holds JSON that is no status."""
+    (:func:`unreadable`) when it holds JSON that is no status, bytes that are no UTF-8, or more bytes than
+    any status. ``settled``: the file is written no more (a run's, after the job), so one that is no JSON is
+    no torn copy either, and is named too. Never an exception: whatever wrote the file."""
     try:
-        return loads(path.read_text(encoding="utf-8")), ""
-    except (OSError, TornStatus):
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+    except OSError:
         return None, ""
+    try:
+        return parse(data), ""
+    except TornStatus as error:
+        return None, unreadable(path, error) if settled else ""
     except StatusError as error:
         return None, unreadable(path, error)
 
@@ -284,7 +321,12 @@ def read(path: Path) -> Status | None:
 
 
 def describe_progress(progress: Any) -> str:
-    """One line of the latest progress (the wait prints it whenever it changes)."""
+    """One line of the latest progress (the wait prints it whenever it changes), shown, never obeyed (it may
+    be a rank's last log line: :func:`ddp_cluster.text.visible`)."""
+    return visible(_progress(progress)[:300], newlines=False)
+
+
+def _progress(progress: Any) -> str:
     if isinstance(progress, Mapping):
         keys = ("epoch", "step", "loss", "test_accuracy", "samples_per_s")
         parts = [

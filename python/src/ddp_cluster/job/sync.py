@@ -21,6 +21,11 @@ file of the size this controller left it), and the links laid out are resolved a
 (:func:`ddp_cluster.job.results.escaping_links`). A file changed here since the last sync (removed, edited)
 is asked for whole again. The job's final collect (train.yml -e attach=ID, jobs.yml -e stop=ID) lays out
 the whole of each node's directory over what the syncs brought.
+
+The files the syncs hold here are bounded by the job's ``results_max_gb`` (its plan.json's,
+:func:`ddp_cluster.job.results.run_limit`): the request says the nodes what is left (``left``), and a member
+over what is left is refused here whatever a node sends, named in a warning; a sparse file stays on its node,
+named by it.
 """
 
 from __future__ import annotations
@@ -177,6 +182,10 @@ class Synced:
     logs: list[str] = field(default_factory=list)
     plot: bool = False
     warnings: list[str] = field(default_factory=list)
+    # The bytes the job's syncs may hold here (its results_max_gb: sync() reads the job's own), and what is
+    # left of them as this sync lays its files out.
+    limit: int = results.RESULTS_MAX_GB * results.GIB
+    room: int = results.RESULTS_MAX_GB * results.GIB
 
     @property
     def files(self) -> int:
@@ -214,7 +223,13 @@ class Synced:
                 f" packed, {self.answer} bytes answered) into {self.run_dir} ({nodes})"
                 + (f"; made {', '.join(made)}" if made else "")
             ]
-        if self.pending:
+        if self.pending > self.room:
+            lines.append(
+                f"job {self.job}: {self.pending} bytes more, over the {max(self.room, 0)} bytes left here of"
+                f" the {self.limit} its results_max_gb allows the syncs: a sync brings what fits, its final"
+                " collect what fits of the whole"
+            )
+        elif self.pending:
             lines.append(f"job {self.job}: {self.pending} bytes more to bring: run the sync again")
         return lines
 
@@ -361,6 +376,11 @@ class _Merging:
                 raise _Refused(
                     f"{member.size} bytes in the archive, {str(entry.get('bytes'))[:40]} in the node's list"
                 )
+            if member.size > self.synced.room:
+                raise _Refused(
+                    f"{member.size} bytes: over the {max(self.synced.room, 0)} bytes the job's results_max_gb"
+                    " has left here"
+                )
             if member.size > self.left:
                 raise _Refused(f"over the {MEMBER_BYTES} bytes one sync brings")
         _directory(self.run_dir, target)
@@ -375,6 +395,7 @@ class _Merging:
         if not all(isinstance(value, int) for value in (start, size, mtime)) or not isinstance(tail, str):
             raise _Refused("no size, mtime or digest in the node's list")
         self.left -= member.size
+        self.synced.room -= member.size
         if start:
             kept = files.get(name)
             if kept is None or kept.size != start:
@@ -599,10 +620,14 @@ def sync(
         raise SyncError(
             f"sync={job_id!r} is not a job id: `ansible-playbook jobs.yml` lists the cluster's jobs"
         )
-    synced = Synced(job_id, run_dir, check=check)
+    limit = results.run_limit(run_dir)
+    synced = Synced(job_id, run_dir, check=check, limit=limit, room=limit)
     with locked(run_dir):
         manifest = Manifest.load(run_dir)
-        asked = json.dumps(request(run_dir, manifest)).encode()
+        asked_for = request(run_dir, manifest)
+        kept = [kept.local for files in manifest.nodes.values() for kept in files.values()]
+        synced.room = synced.limit - sum(local for local in kept if local > 0)
+        asked = json.dumps({**asked_for, "left": max(synced.room, 0)}).encode()
         with tempfile.NamedTemporaryFile(prefix="ddp-sync-", suffix=".json") as handle:
             handle.write(asked)
             handle.flush()

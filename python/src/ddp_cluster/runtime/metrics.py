@@ -31,11 +31,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from ddp_cluster import text
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+# The longest metrics record a resume keeps (the entrypoint's are a few hundred bytes; a longer line is no
+# record of its own, and is never held whole).
+MAX_RECORD = 1024 * 1024
 TENSORBOARD_VARIABLE = "DDP_TENSORBOARD_DIR"
 TENSORBOARD_SUBDIR = "tensorboard"  # under the output directory, when the variable is not set
 # The writer's thread writes each event to its file at once and flushes the file at most this many seconds
@@ -317,8 +321,8 @@ class Reporter:
             width = 30
             filled = width * batch // max(batches, 1)
             bar = "#" * filled + "." * (width - filled)
-            text = f"\repoch {epoch}/{epochs} [{bar}] {batch}/{batches} loss {loss:.4f}"
-            self.stream.write(text)
+            bar_line = f"\repoch {epoch}/{epochs} [{bar}] {batch}/{batches} loss {loss:.4f}"
+            self.stream.write(bar_line)
             self.stream.flush()
             self._bar_open = True
         else:
@@ -337,19 +341,12 @@ class Reporter:
         if not self.is_main:
             return
         path = self.output_dir / METRICS_FILE
-        kept: list[str] = []
-        if keep_until_step is not None and path.exists():
-            for text in path.read_text().splitlines():
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError:
-                    continue  # the torn last line of a killed run
-                if isinstance(record, dict) and int(record.get("step", 0)) <= keep_until_step:
-                    kept.append(text)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
-        self._metrics.writelines(text + "\n" for text in kept)
-        self._metrics.flush()
+        if keep_until_step is not None and path.is_file():
+            keep_records(path, keep_until_step)
+            self._metrics = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        else:
+            self._metrics = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self.tensorboard.open(keep_until_step or 0)
 
     def record(self, record: dict[str, Any]) -> None:
@@ -368,3 +365,29 @@ class Reporter:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+
+def keep_records(path: Path, until_step: int) -> int:
+    """Rewrite metrics.jsonl ``path`` with only its records up to ``until_step`` (a record without a step
+    counts as step 0), read and written a line at a time (the file may be of any size), replaced atomically;
+    a line that is no record (the torn last line of a killed run, bytes that are no UTF-8 or no JSON, a
+    step that is no whole number, a line longer than :data:`MAX_RECORD`) is left out. How many were kept."""
+    kept = 0
+    temporary = path.with_name(f".{path.name}.resume-{os.getpid()}")
+    try:
+        with open(path, "rb") as old, open(temporary, "wb") as new:
+            for line in text.lines(old, MAX_RECORD):
+                if line.cut:
+                    continue
+                try:
+                    record = json.loads(line.data.decode("utf-8"))
+                except (ValueError, RecursionError):
+                    continue
+                step = record.get("step", 0) if isinstance(record, dict) else None
+                if isinstance(step, int) and not isinstance(step, bool) and step <= until_step:
+                    new.write(line.data + b"\n")
+                    kept += 1
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return kept

@@ -67,6 +67,9 @@ NODE_LOCK = ".claim.lock"
 # The gate's results in its job's directory (ddp_cluster.health.judge.HEALTH_FILE, under the job's output).
 HEALTH = "output/health.json"
 UNDRAIN_HINT = "ansible-playbook jobs.yml -e undrain=NODE"
+# Seconds a claim, a release or a drain waits for the node's lock (node_lock): under the mesh's 30 s command
+# bound, far above the moment a holder needs.
+LOCK_WAIT = 15.0
 
 
 class DrainError(DdpClusterError):
@@ -103,17 +106,77 @@ def now_iso(now: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
 
 
-@contextlib.contextmanager
-def node_lock(jobs_dir: str) -> Iterator[None]:
-    """The node's lock, held while its claim or its drain record is judged and changed (every holder opens
-    the file anew: flock excludes open files, threads of one process too)."""
-    Path(jobs_dir).mkdir(parents=True, exist_ok=True)
-    handle = os.open(Path(jobs_dir, NODE_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+class NodeLockBusy(DrainError):
+    """The node's lock did not come free within its bound; the message names the node, the lock and who
+    holds it (when this node can see it) and how to free it."""
+
+
+def lock_holders(path: Path) -> list[str]:
+    """``pid N: COMMAND`` of each process that holds a flock on ``path`` (``/proc/locks``, matched by the
+    file's inode); [] when none is visible here (a holder in another PID namespace shows no pid)."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        inode = path.stat().st_ino
+        table = Path("/proc/locks").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    found = []
+    for line in table.splitlines():
+        fields = line.split()
+        if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
+            continue  # a waiter's line ("->"), or a lock of another kind
+        if fields[5].rsplit(":", 1)[-1] != str(inode) or not fields[4].isdigit() or fields[4] == "0":
+            continue
+        try:
+            raw = Path("/proc", fields[4], "cmdline").read_bytes()
+            command = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()[:200]
+        except OSError:
+            command = "?"
+        found.append(f"pid {fields[4]}: {command or '?'}")
+    return found
+
+
+@contextlib.contextmanager
+def node_lock(jobs_dir: str, timeout: float | None = None) -> Iterator[None]:
+    """The node's lock, held while its claim or its drain record is judged and changed (every holder opens
+    the file anew: flock excludes open files, threads of one process too). Waited for at most ``timeout``
+    seconds (:data:`LOCK_WAIT`): a holder is a short judgement of a file, so a lock held longer is held by
+    something else (a job's process can open the file too); NodeLockBusy then names it. The bound is below
+    the mesh's command bound (remote.COMMAND_TIMEOUT), so that a claim asked over ssh says why it gave up
+    before its ssh is given up on."""
+    Path(jobs_dir).mkdir(parents=True, exist_ok=True)
+    path = Path(jobs_dir, NODE_LOCK)
+    handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + (LOCK_WAIT if timeout is None else timeout)
+        pause = 0.01
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    waited = LOCK_WAIT if timeout is None else timeout
+                    raise NodeLockBusy(busy_lock_message(path, waited)) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
         yield
     finally:
         os.close(handle)
+
+
+def busy_lock_message(path: Path, waited: float) -> str:
+    holders, node = lock_holders(path), socket.gethostname()
+    who = (
+        f"held by {'; '.join(holders)}"
+        if holders
+        else "held by a process this node cannot name (another PID namespace)"
+    )
+    return (
+        f"{node}: the node's claim lock {path} did not come free within {waited:g} s ({who}):"
+        " a claim, a release or a drain takes it for a moment, so a holder this long is stuck or no part"
+        f" of the cluster (a job's process can open it). End that process (docker exec {node} kill PID),"
+        " then run the command again"
+    )
 
 
 def read(jobs_dir: str) -> Drained | None:
@@ -334,8 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     me = socket.gethostname()
     mesh = Mesh(me)
     node = args.node or me
-    if args.gate and not node_jobs.JOB_ID.fullmatch(args.gate):
-        parser.error(f"--gate {args.gate!r} is not a job id")
+    if args.gate and (problem := node_jobs.id_problem(args.gate, "--gate")):
+        parser.error(problem)
     try:
         if args.show and args.nodes:
             nodes = node_list(args.nodes)

@@ -42,6 +42,22 @@ status here says it ended. A supervisor killed with SIGKILL, or a node that rebo
 :func:`node_report` lists a node with a live claim as busy with its job (so the controller's check, the
 supervisor's choice of spares and jobs.yml say so).
 
+**Two starts of one id** (two train.yml with one job_id at once): the controller's claim carries its
+start's mark (JobSpec.start_id), recorded in the claim; a live claim of the same id by another start refuses
+the claim as another job's would (``twin`` in the answer, named as such by :func:`node_jobs.parse_claim`).
+Taken in sorted order under each node's lock, exactly one of them takes the lowest node and goes on; the
+other gives back only what its own start took (a release names its start).
+
+**A job's end, where the next claim looks**: the supervisor's end releases its claims on every node the job
+ran on (:func:`release_all`) and records there that the job ended (``<jobs_dir>/<id>/.ended``). A claim whose
+job's end is recorded is stale at once, whatever of the job still runs: such a process (a rank that ignored
+the stop, a watcher left behind) is a stray, listed by :func:`node_report` (``strays``, not ``busy``) and
+ended by the next claim of the node (:func:`end_strays`: by pid, each pid's command line checked again).
+
+**Every wait on the node's lock is bounded** (:func:`ddp_cluster.supervisor.drain.node_lock`): a process
+that holds ``.claim.lock`` (a job's code can open it) makes the claim answer ``locked`` with the node, the
+lock and the holder named, within ``drain.LOCK_WAIT`` seconds, never a start that hangs.
+
 **A drained node** (:mod:`ddp_cluster.supervisor.drain`: its ``.drained`` record, changed under the same
 lock) takes no new claim: the claim answers ``{"claimed": false, "drained": {...}}``, so neither a start nor a
 restart's spare can take it, even one planned before the drain. A claim of the job that holds the node already
@@ -75,7 +91,9 @@ from ddp_cluster.supervisor import drain
 from ddp_cluster.supervisor.remote import POOL, Mesh
 from ddp_cluster.supervisor.standby import supervisor_alive
 
-JOB_ID = node_jobs.JOB_ID.pattern
+# A job's directory's name as it appears in a command line (the id's rule without its length: a longer name
+# is read whole, never cut to a shorter job's id).
+ANY_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 # The newest jobs listed per node (by their directory's time), besides those that run.
 NEWEST = 20
 STOP_WAIT = 60.0  # seconds for a supervisor to stop its job
@@ -87,6 +105,11 @@ STOP_REASON = "stop-reason"
 CLAIM = ".claim"
 CLAIM_LOCK = drain.NODE_LOCK
 CLAIM_GRACE = 120.0
+# The job's end, recorded in its directory on every node it ran on when its supervisor ends (release_all):
+# where the next claim looks. A job ended here holds the node no more; what of it still runs is a stray, ended
+# by the next claim (:func:`end_strays`).
+ENDED = ".ended"
+STRAY_GRACE = 3.0  # seconds between TERM and KILL of an ended job's strays (as remote.STOP_GRACE)
 
 
 def processes(jobs_dir: str) -> dict[int, str]:
@@ -108,8 +131,8 @@ def running(jobs_dir: str) -> tuple[dict[str, list[int]], dict[str, int]]:
     """(job id -> its processes here, job id -> its supervisor's pid here)."""
     busy: dict[str, list[int]] = {}
     supervisors: dict[str, int] = {}
-    supervisor = re.compile(rf"ddp_cluster[.]supervise --job-dir {re.escape(jobs_dir)}/({JOB_ID})\s*$")
-    member = re.compile(rf"{re.escape(jobs_dir)}/({JOB_ID})")
+    supervisor = re.compile(rf"ddp_cluster[.]supervise --job-dir {re.escape(jobs_dir)}/({ANY_ID})\s*$")
+    member = re.compile(rf"{re.escape(jobs_dir)}/({ANY_ID})")
     for pid, line in processes(jobs_dir).items():
         if match := supervisor.search(line):
             supervisors[match.group(1)] = pid
@@ -120,17 +143,25 @@ def running(jobs_dir: str) -> tuple[dict[str, list[int]], dict[str, int]]:
 
 @dataclass(frozen=True)
 class Claim:
-    """A node's claim: the job that has it (its nodes, when and on which host it was taken); ``written`` is
-    the claim file's time (what its grace counts from)."""
+    """A node's claim: the job that has it (its nodes, when and on which host it was taken, and the start
+    that took it: JobSpec.start_id, '' when a supervisor took it); ``written`` is the claim file's time
+    (what its grace counts from)."""
 
     job: str
     nodes: tuple[str, ...] = ()
     at: float = 0.0
     host: str = ""
     written: float = 0.0
+    start: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "nodes": list(self.nodes), "at": self.at, "host": self.host}
+        return {
+            "job": self.job,
+            "nodes": list(self.nodes),
+            "at": self.at,
+            "host": self.host,
+            "start": self.start,
+        }
 
 
 def read_claim(jobs_dir: str) -> Claim | None:
@@ -152,13 +183,46 @@ def read_claim(jobs_dir: str) -> Claim | None:
         at=float(data.get("at") or 0.0),
         host=str(data.get("host") or ""),
         written=written,
+        start=str(data.get("start") or ""),
     )
+
+
+def read_status(path: Path) -> tuple[job_status.Status | None, str]:
+    """The status in ``path`` and '' (None and '': none yet); None and what is wrong with a file the job's
+    code may have written: JSON that is no status, or bytes that are no UTF-8 (never a traceback: the node's
+    report, claim and stop go on without it)."""
+    try:
+        return job_status.read_checked(path)
+    except ValueError as error:  # UnicodeDecodeError: a status.json that is not UTF-8
+        return None, (
+            f"{path} is not UTF-8 text ({error}): the job's supervisor never writes that, something else"
+            " did (the job's code, a hand); its supervisor's next write replaces it"
+        )
+
+
+def ended_record(jobs_dir: str, job: str) -> dict[str, Any] | None:
+    """The job's end as recorded here (:func:`record_end`); None when none is."""
+    try:
+        data = json.loads(Path(jobs_dir, job, ENDED).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"job": job}  # a torn or foreign record still says the job ended here
+    return data if isinstance(data, dict) else {"job": job}
+
+
+def record_end(jobs_dir: str, job: str) -> None:
+    """Record here that ``job`` ended (its supervisor's end: :func:`release_all`)."""
+    folder = Path(jobs_dir, job)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    record = {"job": job, "at": time.time(), "by": socket.gethostname()}
+    write_atomic(folder / ENDED, (json.dumps(record) + "\n").encode())
 
 
 def _ended(jobs_dir: str, job: str) -> bool:
     """Whether the job's status here (on its first node) says it ended, or names a supervisor here that is
     gone (this node was lost and came back: the job ended, or went on elsewhere, without it)."""
-    found = job_status.read(Path(jobs_dir, job, job_status.FILE))
+    found = read_status(Path(jobs_dir, job, job_status.FILE))[0]
     if found is None:
         return False
     if found.done:
@@ -170,8 +234,9 @@ def _ended(jobs_dir: str, job: str) -> bool:
 def claim_live(
     jobs_dir: str, found: Claim, busy: Mapping[str, Sequence[int]], now: float | None = None
 ) -> bool:
-    """Whether ``found`` still holds the node (see the module's text: a stale claim is taken over)."""
-    if not found.job:
+    """Whether ``found`` still holds the node (see the module's text: a stale claim is taken over). A job
+    whose end is recorded here holds it no more, whatever of it still runs (its strays)."""
+    if not found.job or ended_record(jobs_dir, found.job) is not None:
         return False
     if busy.get(found.job):
         return True
@@ -215,57 +280,130 @@ def _place(jobs_dir: str, made: Claim, replace: bool) -> None:
 
 
 def claim(
-    jobs_dir: str, job: str, nodes: Sequence[str] = (), now: float | None = None
+    jobs_dir: str, job: str, nodes: Sequence[str] = (), now: float | None = None, start: str = ""
 ) -> Claim | drain.Drained | None:
     """Claim this node for ``job`` (``nodes``: the job's, for whoever the claim refuses). None when the node
     is ``job``'s now: claimed, taken over from a stale claim, or claimed again (its time renewed); else the
     live claim of the other job that has it, or the node's drain record when it is drained (a drained node
-    takes no new job; the job that holds it already keeps it)."""
+    takes no new job; the job that holds it already keeps it).
+
+    ``start`` (the controller's start: JobSpec.start_id): a live claim of the same id by another start is
+    refused like another job's (returned; its ``job`` is ``job``), so that of two starts of one id exactly one
+    goes on; a claim without one (the supervisor's renewal, a restart's spare) is the job's own. A start that
+    takes the node clears an end recorded here by an earlier run of the id. What still runs here of jobs whose
+    end is recorded here is ended once the node is taken (:func:`end_strays`). NodeLockBusy when the node's
+    lock does not come free (:func:`ddp_cluster.supervisor.drain.node_lock`)."""
     with drain.node_lock(jobs_dir):
         found = read_claim(jobs_dir)
-        if found is not None and found.job != job and claim_live(jobs_dir, found, running(jobs_dir)[0], now):
+        busy = running(jobs_dir)[0]
+        if found is not None and found.job != job and claim_live(jobs_dir, found, busy, now):
+            return found
+        twin = found is not None and found.job == job and bool(start and found.start) and found.start != start
+        if twin and found is not None and claim_live(jobs_dir, found, busy, now):
             return found
         if (found is None or found.job != job) and (drained := drain.read(jobs_dir)) is not None:
             return drained
-        kept = found.nodes if found is not None and found.job == job else ()
-        made = Claim(job=job, nodes=tuple(nodes) or kept, at=time.time(), host=socket.gethostname())
+        same = found is not None and found.job == job
+        kept = found.nodes if found is not None and same else ()
+        made = Claim(
+            job=job,
+            nodes=tuple(nodes) or kept,
+            at=time.time(),
+            host=socket.gethostname(),
+            start=start or (found.start if found is not None and same else ""),
+        )
+        if start and not (same and found is not None and found.start == start):
+            Path(jobs_dir, job, ENDED).unlink(missing_ok=True)  # a new start of the id: its earlier end
         try:
             _place(jobs_dir, made, replace=found is not None)
         except FileExistsError:  # made outside the lock (by hand): judged as any claim, next time
             return read_claim(jobs_dir) or Claim(job="")
+    end_strays(jobs_dir, {other: pids for other, pids in busy.items() if other != job})
     return None
 
 
-def release(jobs_dir: str, job: str) -> bool:
-    """Remove this node's claim when it is ``job``'s; whether the node holds no claim of ``job`` now (False:
-    another job's claim is there, and kept)."""
+def end_strays(jobs_dir: str, busy: Mapping[str, Sequence[int]], grace: float = STRAY_GRACE) -> list[int]:
+    """End the processes here of the jobs in ``busy`` (job -> pids, as :func:`running` found them) whose end
+    is recorded here: TERM, up to ``grace`` seconds, then KILL. Each pid is checked again first (its command
+    line still names that job's directory), so a pid reused since is left alone. The pids signalled."""
+    strays = [
+        pid
+        for job, pids in busy.items()
+        if ended_record(jobs_dir, job) is not None
+        for pid in pids
+        if pid != os.getpid() and _names(pid, f"{jobs_dir}/{job}")
+    ]
+    for pid in strays:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    if strays and not _wait_gone(strays, grace):
+        for pid in strays:
+            if _names(pid, jobs_dir):  # still the stray (a pid reused since names no job's directory)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+    return strays
+
+
+def _names(pid: int, folder: str) -> bool:
+    """Whether process ``pid``'s command line names ``folder`` exactly (the folder, not a longer name)."""
+    try:
+        line = Path("/proc", str(pid), "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return False
+    return re.search(rf"{re.escape(folder)}(?![A-Za-z0-9_.-])", line) is not None
+
+
+def release(jobs_dir: str, job: str, ended: bool = False, start: str = "") -> bool:
+    """Remove this node's claim when it is ``job``'s (and, given ``start``, that start's: a start that lost
+    to another start of its id never releases the winner's); whether the node holds no claim of ``job``
+    now (False: another's claim is there, and kept). ``ended``: the job ended, recorded here
+    (:func:`record_end`), whoever holds the node."""
     with drain.node_lock(jobs_dir):
+        if ended:
+            record_end(jobs_dir, job)
         found = read_claim(jobs_dir)
         if found is None:
             return True
-        if found.job != job:
+        if found.job != job or (start and found.start and found.start != start):
             return False
         Path(jobs_dir, CLAIM).unlink(missing_ok=True)
     return True
 
 
-def _here_command(jobs_dir: str, action: str, job: str, nodes: Sequence[str]) -> str:
+def _here_command(
+    jobs_dir: str, action: str, job: str, nodes: Sequence[str], start: str = "", ended: bool = False
+) -> str:
     """The single-node form, as the first node runs it on another node over the mesh."""
     line = (
         f". {node_jobs.NODE_ENV} && python -m {node_jobs.MODULE} --jobs-dir {shlex.quote(jobs_dir)}"
         f" --{action} {shlex.quote(job)} --here"
     )
-    return line + (f" --nodes {shlex.quote(','.join(nodes))}" if nodes else "")
+    line += f" --nodes {shlex.quote(','.join(nodes))}" if nodes else ""
+    line += f" --start {shlex.quote(start)}" if start else ""
+    return line + (" --ended" if ended else "")
 
 
-def claim_one(mesh: Mesh, node: str, job: str, jobs_dir: str, nodes: Sequence[str] = ()) -> dict[str, Any]:
+def claim_one(
+    mesh: Mesh, node: str, job: str, jobs_dir: str, nodes: Sequence[str] = (), start: str = ""
+) -> dict[str, Any]:
     """Claim ``node`` for ``job`` (here when it is the mesh's own node, else over ssh): ``{"claimed": true,
     "node": N}``, or ``{"claimed": false, "node": N, "job": OTHER, "nodes": [...]}`` (``job`` '' and ``error``
-    when the node did not answer). The supervisor takes a spare this way."""
+    when the node did not answer; ``twin`` when another start of ``job`` holds it; ``locked`` and ``error``
+    when the node's lock did not come free). The supervisor takes a spare this way."""
     if node == mesh.me:
-        refused = claim(jobs_dir, job, nodes)
+        try:
+            refused = claim(jobs_dir, job, nodes, start=start)
+        except drain.NodeLockBusy as error:
+            return {
+                "claimed": False,
+                "node": node,
+                "job": "",
+                "nodes": [],
+                "locked": True,
+                "error": str(error),
+            }
     else:
-        answer = node_jobs.parse(mesh.run(node, _here_command(jobs_dir, "claim", job, nodes)))
+        answer = node_jobs.parse(mesh.run(node, _here_command(jobs_dir, "claim", job, nodes, start)))
         if answer is None or "claimed" not in answer:
             return {"claimed": False, "node": node, "job": "", "nodes": [], "error": "no answer"}
         return {**answer, "node": node}
@@ -273,23 +411,37 @@ def claim_one(mesh: Mesh, node: str, job: str, jobs_dir: str, nodes: Sequence[st
         return {"claimed": True, "node": node}
     if isinstance(refused, drain.Drained):
         return {"claimed": False, "node": node, "job": "", "nodes": [], "drained": refused.to_dict()}
-    return {"claimed": False, "node": node, "job": refused.job, "nodes": list(refused.nodes)}
+    answer = {"claimed": False, "node": node, "job": refused.job, "nodes": list(refused.nodes)}
+    return {**answer, "twin": True, "at": refused.at} if refused.job == job else answer
 
 
-def release_one(mesh: Mesh, node: str, job: str, jobs_dir: str) -> bool:
-    """Release ``job``'s claim on ``node``; False when the node did not answer or another job holds it."""
+def release_one(mesh: Mesh, node: str, job: str, jobs_dir: str, ended: bool = False, start: str = "") -> bool:
+    """Release ``job``'s claim on ``node`` (``ended``: its end recorded there; ``start``: only that
+    start's claim); False when the node did not answer or another job (or start) holds it."""
     if node == mesh.me:
-        return release(jobs_dir, job)
-    answer = node_jobs.parse(mesh.run(node, _here_command(jobs_dir, "release", job, ())))
+        try:
+            return release(jobs_dir, job, ended, start)
+        except drain.NodeLockBusy as error:
+            print(f"the claim of job {job} was not released: {error}", file=sys.stderr, flush=True)
+            return False
+    answer = node_jobs.parse(mesh.run(node, _here_command(jobs_dir, "release", job, (), start, ended)))
     return bool(answer and answer.get("released"))
 
 
 def release_all(
-    mesh: Mesh, nodes: Sequence[str], job: str, jobs_dir: str, pool: ThreadPoolExecutor
+    mesh: Mesh,
+    nodes: Sequence[str],
+    job: str,
+    jobs_dir: str,
+    pool: ThreadPoolExecutor,
+    ended: bool = True,
+    start: str = "",
 ) -> list[str]:
     """Release ``job``'s claim on every node of ``nodes`` at once; the nodes where it could not be (they did
-    not answer: their claim goes stale once nothing of the job runs there)."""
-    done = pool.map(lambda node: release_one(mesh, node, job, jobs_dir), nodes)
+    not answer: their claim goes stale once nothing of the job runs there). ``ended`` (its supervisor's end,
+    the default): the job's end is recorded on each node, so that the next claim there takes the node from
+    whatever of the job is left (:func:`end_strays`); a start that gives back what it took passes False."""
+    done = pool.map(lambda node: release_one(mesh, node, job, jobs_dir, ended, start), nodes)
     return [node for node, released in zip(nodes, done, strict=True) if not released]
 
 
@@ -305,17 +457,19 @@ def renew_all(
 
 
 def claim_all(
-    mesh: Mesh, nodes: Sequence[str], job: str, jobs_dir: str, pool: ThreadPoolExecutor
+    mesh: Mesh, nodes: Sequence[str], job: str, jobs_dir: str, pool: ThreadPoolExecutor, start: str = ""
 ) -> dict[str, Any]:
     """Claim every node of ``nodes`` for ``job``, all or nothing, in sorted order (see the module's text):
     ``{"claimed": true, "nodes": [...]}``, or the first refusal (as :func:`claim_one` says it) after what
-    was taken is released."""
+    was taken is released; a node that gave no answer is asked to release too (its claim may have been
+    taken after its answer was given up on). ``start``: this start's mark (:func:`claim`)."""
     taken: list[str] = []
     for node in sorted(nodes):
-        answer = claim_one(mesh, node, job, jobs_dir, nodes)
+        answer = claim_one(mesh, node, job, jobs_dir, nodes, start)
         if not answer.get("claimed"):
-            left = release_all(mesh, taken, job, jobs_dir, pool)
-            return {**answer, "released": taken, "not_released": left}
+            unsure = [node] if answer.get("error") == "no answer" else []
+            left = release_all(mesh, taken + unsure, job, jobs_dir, pool, ended=False, start=start)
+            return {**answer, "released": [n for n in taken if n not in left], "not_released": left}
         taken.append(node)
     return {"claimed": True, "nodes": sorted(nodes)}
 
@@ -331,6 +485,9 @@ def _job_file(folder: Path) -> dict[str, Any]:
 def node_report(jobs_dir: str, newest: int = NEWEST) -> dict[str, Any]:
     """What this node knows of the jobs (see the module's text), as a JSON-ready mapping."""
     busy, supervisors = running(jobs_dir)
+    # an ended job's processes hold the node no more: listed as strays, ended by the next claim here
+    strays = {job: pids for job, pids in busy.items() if ended_record(jobs_dir, job) is not None}
+    busy = {job: pids for job, pids in busy.items() if job not in strays}
     found_claim = read_claim(jobs_dir)
     claimed = found_claim if found_claim and claim_live(jobs_dir, found_claim, busy) else None
     if claimed is not None:  # claimed, its processes not started yet: the node is that job's
@@ -346,7 +503,7 @@ def node_report(jobs_dir: str, newest: int = NEWEST) -> dict[str, Any]:
     jobs: dict[str, Any] = {}
     for folder in listed:
         spec = _job_file(folder)
-        found, problem = job_status.read_checked(folder / job_status.FILE)
+        found, problem = read_status(folder / job_status.FILE)
         claim_nodes = list(claimed.nodes) if claimed and claimed.job == folder.name else []
         jobs[folder.name] = {
             "status": found.to_dict() if found else None,
@@ -362,6 +519,7 @@ def node_report(jobs_dir: str, newest: int = NEWEST) -> dict[str, Any]:
         "now": time.time(),
         "jobs": jobs,
         "busy": sorted(busy),
+        "strays": {job: sorted(pids) for job, pids in sorted(strays.items())},
         "supervisors": supervisors,
         "claim": claimed.to_dict() if claimed else None,
         "drained": drained.to_dict() if (drained := drain.read(jobs_dir)) else None,
@@ -418,13 +576,16 @@ def stop_here(jobs_dir: str, job: str, reason: str) -> dict[str, Any]:
         with ThreadPoolExecutor(max_workers=1) as pool:
             me = socket.gethostname()
             Mesh(me).sweep([me], f"{jobs_dir}/{job}/", pool)
-    found = job_status.read(folder / job_status.FILE)
+    found, problem = read_status(folder / job_status.FILE)
+    if problem and found is None and job not in running(jobs_dir)[1]:
+        found = job_status.Status(state="running")  # unreadable, its supervisor gone: closed as any
     if found is not None and not found.done and job not in running(jobs_dir)[1]:
         # its supervisor is gone (killed with its node's processes, or before): close the status
         said = reason or "the job was stopped"
+        replaced = f"; its status.json could not be read and was replaced: {problem}" if problem else ""
         closed = found.update(
             state="failed",
-            reason=f"{said} (its supervisor was no longer running)",
+            reason=f"{said} (its supervisor was no longer running){replaced}",
             interrupted=reason,
             updated=time.time(),
         )
@@ -432,7 +593,10 @@ def stop_here(jobs_dir: str, job: str, reason: str) -> dict[str, Any]:
         done["closed"] = True
     held = read_claim(jobs_dir)
     if held is not None and held.job == job and not running(jobs_dir)[0].get(job):
-        done["released"] = release(jobs_dir, job)  # nothing of it left here: the node is free at once
+        try:  # nothing of it left here: the node is free at once
+            done["released"] = release(jobs_dir, job)
+        except drain.NodeLockBusy as error:
+            done["error"] = str(error)
     return done
 
 
@@ -447,24 +611,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--release", default="", help="release this job's claim of the nodes")
     parser.add_argument("--nodes", default="", help="the job's nodes, comma-separated (claimed in order)")
     parser.add_argument("--here", action="store_true", help="claim or release this node only")
+    parser.add_argument(
+        "--start", default="", help="the start's own mark (another start of the id is refused)"
+    )
+    parser.add_argument("--ended", action="store_true", help="with --release: record the job's end here")
     args = parser.parse_args(argv)
     jobs_dir = args.jobs_dir.rstrip("/")
     for option in ("stop", "claim", "release"):
         value = getattr(args, option)
-        if value and not node_jobs.JOB_ID.fullmatch(value):
-            parser.error(f"--{option} {value!r} is not a job id")
+        if value and (problem := node_jobs.id_problem(value, f"--{option}")):
+            parser.error(problem)
     nodes = drain.node_list(args.nodes)
     if args.claim or args.release:
         me = socket.gethostname()
         with ThreadPoolExecutor(max_workers=POOL) as pool:
             if args.claim and (args.here or not nodes):
-                answer = claim_one(Mesh(me), me, args.claim, jobs_dir, nodes)
+                answer = claim_one(Mesh(me), me, args.claim, jobs_dir, nodes, args.start)
             elif args.claim:
-                answer = claim_all(Mesh(me), nodes, args.claim, jobs_dir, pool)
+                answer = claim_all(Mesh(me), nodes, args.claim, jobs_dir, pool, args.start)
             elif args.here or not nodes:
-                answer = {"released": release(jobs_dir, args.release), "node": me}
+                try:
+                    released = release(jobs_dir, args.release, args.ended, args.start)
+                    answer = {"released": released, "node": me}
+                except drain.NodeLockBusy as error:
+                    answer = {"released": False, "node": me, "locked": True, "error": str(error)}
             else:
-                left = release_all(Mesh(me), nodes, args.release, jobs_dir, pool)
+                left = release_all(Mesh(me), nodes, args.release, jobs_dir, pool, args.ended, args.start)
                 answer = {"released": not left, "not_released": left}
         print(json.dumps(answer))
         return 0 if answer.get("claimed", answer.get("released")) else 1

@@ -30,13 +30,15 @@ and tells its own children to do the same, when its parent is gone:
   the network is back; the parent then reconnects at once and the new session's pings (recorded in a file in
   the node's temporary folder, one per job) tell the old watcher to end quietly, without a sweep.
 
-The tag goes on the watcher's command line in pattern form (``[/]workspace/jobs/ID/``), and the job folder
+The tag goes on the watcher's command line in pattern form (``[/]workspace/jobs/ID/``, every regular
+expression character escaped: :func:`ddp_cluster.job.node_jobs.literal_pattern`), and the job folder
 without its trailing slash, so that neither the watcher nor the ssh session that runs it matches the sweep.
 
     python -m ddp_cluster.supervisor.liveness --nodes N0,N1,... --index I [--fanout 4] [--every 3]
     [--ssh-timeout 3] [--timeout 25] [--job-dir JOB] [--tag '[/]JOB/']
 
-runs node I's watcher (started over ssh by its parent). Standard library only.
+runs node I's watcher (started over ssh by its parent). Standard library only, and the package's torch-free
+node_jobs (the one rule of a process pattern).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from ddp_cluster.job import node_jobs
 
 FANOUT = 4
 TIMEOUT = 25.0  # the job's liveness_timeout by default
@@ -101,9 +105,10 @@ def depth(count: int, fanout: int = FANOUT) -> int:
 
 
 def tag_pattern(tag: str) -> str:
-    """pgrep's pattern of the processes whose command lines hold ``tag``: '[/]workspace/jobs/ID/' matches
-    them but not a command line that holds the pattern itself (remote.pattern, which imports this module)."""
-    return f"[{tag[0]}]{tag[1:]}" if tag else tag
+    """pgrep's pattern of the processes whose command lines hold ``tag`` itself: '[/]workspace/jobs/ID/',
+    every regular expression character escaped (job a.1's never matches job a-1's); it matches them but not
+    a command line that holds the pattern itself (the one rule: node_jobs.literal_pattern)."""
+    return node_jobs.literal_pattern(tag)
 
 
 def ssh_argv(node: str, remote: Sequence[str], every: float, ssh_timeout: int) -> list[str]:
@@ -730,8 +735,8 @@ def main(
     def tell_parent(node: str) -> None:
         _tell(stdout, f"down {node}", lock)
 
-    # The tag's pattern (JOB/ with its first character bracketed) names the same processes as JOB/ itself.
-    tag = args.tag[1] + args.tag[3:] if args.tag else ""
+    # The tag's pattern (JOB/ escaped, its first character bracketed) names the same processes as JOB/ itself.
+    tag = node_jobs.literal_of(args.tag) if args.tag else ""
     watch = Watch(
         nodes,
         args.index,

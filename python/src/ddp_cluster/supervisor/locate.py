@@ -62,10 +62,8 @@ def mesh_nodes(config: Path | None = None) -> list[str]:
 
 def check_job_id(job_id: str) -> None:
     """JobNotFound when ``job_id`` is not a job's id (it goes into file paths and command lines)."""
-    if not node_jobs.JOB_ID.fullmatch(job_id):
-        raise JobNotFound(
-            f"{job_id!r} is not a job id (letters, digits, '.', '_', '-'): jobs.yml lists the cluster's jobs"
-        )
+    if problem := node_jobs.id_problem(job_id):
+        raise JobNotFound(f"{problem}: jobs.yml lists the cluster's jobs")
 
 
 def _spec_nodes(job_dir: Path) -> list[str]:

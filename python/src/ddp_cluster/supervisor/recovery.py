@@ -3,8 +3,9 @@
 After a failure that a restart can cure (:func:`ddp_cluster.supervisor.failures.restart_cause`), within
 ``max_restarts``: on the nodes that still answer, a free spare in place of each lost node (never a drained
 one: :mod:`ddp_cluster.supervisor.drain`; else fewer, down to ``min_nodes``), from the newest checkpoint
-(:func:`newest_checkpoint`); the attempt's logs kept under ``JOB/attempts/<n>/`` on each node; the restart
-recorded in the status (and in summary.json at the end).
+that is whole (:func:`ddp_cluster.supervisor.replicas.newest_verified`: the entrypoint's, or a user's
+script's under the same names), named to the ranks in ``DDP_RESUME_FROM``; the attempt's logs kept under
+``JOB/attempts/<n>/`` on each node; the restart recorded in the status (and in summary.json at the end).
 """
 
 from __future__ import annotations
@@ -46,17 +47,21 @@ EXCEPTION_LINES = (
 
 
 def newest_checkpoint(output: Path) -> tuple[str, int]:
-    """The newest complete checkpoint's file name in OUTPUT/checkpoints and its step ('' and 0 when none): a
-    mid-epoch checkpoint (epoch-E.step-S.ckpt) names its step; an epoch's is found in metrics.jsonl's record
-    of that epoch. Names sort in training order; temporary files are not checkpoints."""
+    """The newest checkpoint's file name in OUTPUT/checkpoints and its step ('' and 0 when none), by name
+    (:func:`checkpoint_step`); names sort in training order; temporary files are not checkpoints."""
     folder = output / FOLDER
     names = sorted(path.name for path in folder.iterdir() if NAME.match(path.name)) if folder.is_dir() else []
-    if not names:
-        return "", 0
-    match = NAME.match(names[-1])
-    assert match is not None
+    return (names[-1], checkpoint_step(output, names[-1])) if names else ("", 0)
+
+
+def checkpoint_step(output: Path, name: str) -> int:
+    """The step of checkpoint ``name`` of OUTPUT/checkpoints: a mid-epoch checkpoint (epoch-E.step-S.ckpt)
+    names its step; an epoch's is found in metrics.jsonl's record of that epoch (0 when none says)."""
+    match = NAME.match(name)
+    if match is None:
+        return 0
     if match.group(2):
-        return names[-1], int(match.group(2))
+        return int(match.group(2))
     epoch = int(match.group(1))
     for line in read_text(output / "metrics.jsonl", limit=16 * 1024 * 1024).splitlines():
         try:
@@ -64,8 +69,8 @@ def newest_checkpoint(output: Path) -> tuple[str, int]:
         except ValueError:
             continue
         if isinstance(record, dict) and record.get("kind") == "epoch" and record.get("epoch") == epoch:
-            return names[-1], int(record.get("step") or 0)
-    return names[-1], 0
+            return int(record.get("step") or 0)
+    return 0
 
 
 def step_of_copy(name: str, known: Mapping[str, Any]) -> int:
@@ -139,9 +144,10 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
         return False
     number = done + 1
     last_step = step_of(supervisor.progress())
-    skipped: list[str] = []  # newer copies that fail their checksum: renamed aside, the next older taken
-    newest_verified(supervisor.job_dir, spec.checkpoint_dir, spec.id, skipped)
-    checkpoint, resume_step = newest_checkpoint(supervisor.job_dir / "output")
+    # Newer checkpoints that are not whole: passed over (ours renamed aside), the next older taken.
+    skipped: list[str] = []
+    checkpoint, _ = newest_verified(supervisor.job_dir, spec.checkpoint_dir, spec.id, skipped)
+    resume_step = checkpoint_step(supervisor.job_dir / "output", checkpoint) if checkpoint else 0
     if checkpoint and not resume_step:  # an epoch's checkpoint copied here: its step, as the first node said
         resume_step = step_of_copy(checkpoint, supervisor.status.status.checkpoint_steps)
     archived = False

@@ -44,9 +44,10 @@ TREE_ABOVE = 64
 
 
 def pattern(tag: str) -> str:
-    """pgrep's pattern of a job's processes, whose command lines hold ``tag`` (JOB/): '[/]workspace/...'
-    matches them but not the pkill or pgrep command line itself."""
-    return f"[{tag[0]}]{tag[1:]}" if tag else tag
+    """pgrep's pattern of a job's processes, whose command lines hold ``tag`` (JOB/) itself: every regular
+    expression character escaped (job a.1's never matches job a-1's), '[/]workspace/...' so that it
+    matches them but not the pkill or pgrep command line itself (node_jobs.literal_pattern)."""
+    return node_jobs.literal_pattern(tag)
 
 
 class Mesh:
@@ -203,20 +204,20 @@ class Mesh:
         """Stop the processes whose command lines hold ``tag`` on ``nodes``: one TERM sweep of every node, one
         grace for all, then a KILL sweep of the nodes where something was left. The grace is paid once (not
         once per node, pool threads at a time), and not at all when nothing was left."""
-        found = self.run_on(nodes, f"pkill -TERM -f -- '{pattern(tag)}' && echo left; true", pool)
+        found = self.run_on(nodes, f"pkill -TERM -f -- {shlex.quote(pattern(tag))} && echo left; true", pool)
         left = [node for node, out in found.items() if "left" in out]
         if left:
             time.sleep(grace)
-            self.run_on(left, f"pkill -KILL -f -- '{pattern(tag)}'; true", pool)
+            self.run_on(left, f"pkill -KILL -f -- {shlex.quote(pattern(tag))}; true", pool)
 
     def leftover(self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor) -> dict[str, str]:
         """Node -> the processes whose command lines hold ``tag`` there (the nodes with none left out)."""
-        found = self.run_on(nodes, f"pgrep -a -f -- '{pattern(tag)}' || true", pool)
+        found = self.run_on(nodes, f"pgrep -a -f -- {shlex.quote(pattern(tag))} || true", pool)
         return {node: out.strip() for node, out in found.items() if out and out.strip()}
 
     def counts(self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor) -> dict[str, int]:
         """Node -> how many processes hold ``tag`` there (-1: the node did not say)."""
-        found = self.run_on(nodes, f"pgrep -c -f -- '{pattern(tag)}' || true", pool)
+        found = self.run_on(nodes, f"pgrep -c -f -- {shlex.quote(pattern(tag))} || true", pool)
         return {node: int(text.strip()) if text.strip().isdigit() else -1 for node, text in found.items()}
 
     def jobs_on(self, node: str, jobs_dir: str) -> list[str] | None:

@@ -1,18 +1,24 @@
-"""Copies of the job's checkpoints off its first node, each checked against the checkpoint's own checksum.
+"""Copies of the job's checkpoints off its first node, each checked where it lands.
 
 Rank 0 runs on the job's first node, beside the supervisor, and writes its checkpoints there only
-(``JOB/output/checkpoints``, each renamed into place whole, the newest K kept). So that losing that node
-loses no training, the supervisor's :class:`Replicator` copies every new checkpoint to each *place*:
+(``JOB/output/checkpoints``: the package's entrypoint renames each into place whole and keeps the newest K; a
+user's script writes plain ``torch.save`` files under the same names). So that losing that node loses no
+training, the supervisor's :class:`Replicator` copies every new checkpoint to each *place*:
 
 - the next ``checkpoint_replicas`` nodes of the job, into the same path (``JOB/output/checkpoints``), so that
   a node that takes the job over resumes from its own copy under the same ``resume_from``;
 - ``checkpoint_dir``/<job id>/ when the job names one (a mount every node has: NFS, Lustre).
 
-A copy lands under a hidden temporary name, is verified where it landed (its length and SHA-256 against its
-own header, by the node's own Python: ``python -m ddp_cluster.runtime.checkpoint_names --verify``) and only
-then renamed into place; only once a newer copy is verified at a place are the older ones there pruned, the
-newest ``keep`` kept. A failed copy (node down, disk full, a truncated transfer) is retried at a later poll,
-after a pause that doubles up to a minute, and prunes nothing.
+A checkpoint is copied once it is whole here (:mod:`ddp_cluster.runtime.checkpoint_names`: its own header; or,
+any other file, its record, or its zip archive; a file of another format once its size and mtime have not
+changed for ``settle`` seconds). A file without our header gets its record here (``.NAME.sha256``: size and
+SHA-256) before it is sent, and each copy is checked against that record where it lands, by the node's own
+Python (``python -m ddp_cluster.runtime.checkpoint_names --verify``), which writes the record beside it there.
+A copy lands under a hidden temporary name, goes into place only once it verifies, and is deleted when the
+transfer or the check fails (a full disk leaves no partial file behind); only once a newer copy is verified at
+a place are the older ones there (and their records) pruned, the newest ``keep`` kept. A failed copy (node
+down, disk full, a truncated transfer) is retried at a later poll, after a pause that doubles up to a minute,
+and prunes nothing. A checkpoint here that is not whole is named once and not copied until it changes.
 
 How it runs: :meth:`Replicator.poll`, called every poll of the supervisor's watch, lists the checkpoint folder
 and nothing more unless a checkpoint is new; the copies run in background threads, one per place, so a large
@@ -28,11 +34,12 @@ pattern`), and a copy in flight must neither count as one of the job's processes
 to end) nor be killed by the job's stop.
 
 :func:`newest_verified` is what a node that takes the job over, or a restart, resumes from: the newest
-checkpoint of this node's or of ``checkpoint_dir`` that verifies.
+checkpoint of this node's or of ``checkpoint_dir`` that is whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -45,7 +52,21 @@ from typing import Any, BinaryIO, Protocol
 
 from ddp_cluster.job import node_jobs
 from ddp_cluster.runtime import checkpoint_names
-from ddp_cluster.runtime.checkpoint_names import FOLDER, checkpoint_order, install_verified, verify_handle
+from ddp_cluster.runtime.checkpoint_names import (
+    FOLDER,
+    HEADER,
+    Check,
+    Record,
+    check_file,
+    check_handle,
+    checkpoint_order,
+    install_verified,
+    kind_of,
+    read_record,
+    recorded_checkpoint,
+    sha256_of,
+    write_record,
+)
 from ddp_cluster.supervisor.remote import Mesh
 
 # How many verified copies a place keeps: the newest and one older, in case the newest passes its checksum
@@ -62,6 +83,16 @@ SEND_RATE = 20 * 1024 * 1024
 TEMPORARY_SUFFIX = ".replica"
 # The error of a copy whose checkpoint rank 0 pruned before the copy began: not a failure.
 SUPERSEDED = "superseded"
+# The error of a copy whose checkpoint is not known whole yet (being written, or settling): not a failure.
+PENDING = "pending"
+# A checkpoint of neither our format nor torch.save's zip is taken as complete once its size and mtime have
+# not changed for this many seconds (a torch.save under way writes on).
+SETTLE = 5.0
+
+
+def signature(stat: os.stat_result) -> tuple[int, int, int]:
+    """What tells one version of a file from the next: inode, size, mtime."""
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def temporary_name(name: str) -> str:
@@ -129,6 +160,7 @@ class Place:
     seconds: float = 0.0
     at: float = 0.0
     copying: str = ""
+    pending: bool = False  # its last look found the newest checkpoint not known whole yet
     failures: int = 0
     retry_at: float = 0.0
     error: str = ""
@@ -164,10 +196,12 @@ class Replicator:
         python: str = "python",
         node_env: str = node_jobs.NODE_ENV,
         retry_first: float = RETRY_FIRST,
+        settle: float = SETTLE,
     ) -> None:
         """``job_dir``: the job's directory (the same path on every node); ``replicas``: the nodes that get
         copies (never this node: its folder is rank 0's, pruned by rank 0); ``checkpoint_dir``: the spec's
-        ('' for none); ``python`` and ``node_env``: how a node runs the package's Python."""
+        ('' for none); ``python`` and ``node_env``: how a node runs the package's Python; ``settle``: the
+        seconds a checkpoint of neither our format nor a zip must stay unchanged to count as complete."""
         self.job_dir = job_dir
         self.source = job_dir / "output" / FOLDER
         self.transport = transport
@@ -175,6 +209,7 @@ class Replicator:
         self.python = python
         self.node_env = node_env
         self.retry_first = retry_first
+        self.settle = settle
         self.lock = threading.Lock()
         self.places: list[Place] = []
         if checkpoint_dir:
@@ -182,7 +217,12 @@ class Replicator:
             self.places.append(Place(label=str(folder), folder=folder))
         self.retarget(replicas)
         self.records: list[dict[str, Any]] = []
-        self.bad_sources: dict[str, str] = {}  # checkpoints here that do not verify: never copied
+        # Checkpoints here, by name, with the version of the file (signature()) each entry is about: those
+        # that are not whole (never copied until they change), those found whole (and how), and those not
+        # known whole yet, with when that version was first seen.
+        self.bad_sources: dict[str, tuple[str, tuple[int, int, int]]] = {}
+        self.checked: dict[str, tuple[tuple[int, int, int], Check]] = {}
+        self.sightings: dict[str, tuple[tuple[int, int, int], float]] = {}
 
     # The supervisor's calls.
 
@@ -195,16 +235,29 @@ class Replicator:
     def start_copies(self, failed: set[str] | None) -> list[dict[str, Any]]:
         """:meth:`poll`; with ``failed``, the places whose copies failed (those just ended added) are not
         tried again."""
-        names = checkpoints_in(self.source)
+        try:
+            listing = os.listdir(self.source)
+        except OSError:
+            listing = []
+        names = newest_first(listing)
+        newest = names[0] if names else ""
+        drop_orphan_records(self.source, listing)
+        version = self.version_of(newest) if newest in self.bad_sources else None
         with self.lock:
             done, self.records = self.records, []
             skip: set[str] = set()
             if failed is not None:
                 failed.update(record["place"] for record in done if record["error"])
                 skip = failed
-            newest = names[0] if names else ""
-            if not newest or newest in self.bad_sources:
+            for known in (self.bad_sources, self.checked, self.sightings):
+                for gone in [name for name in known if name not in names]:
+                    del known[gone]
+            bad = self.bad_sources.get(newest)
+            if not newest or (bad is not None and bad[1] == version):
+                for place in self.places:  # nothing to wait for
+                    place.pending = False
                 return done
+            self.bad_sources.pop(newest, None)
             now = time.monotonic()
             for place in self.places:
                 busy = place.thread is not None and place.thread.is_alive()
@@ -244,8 +297,8 @@ class Replicator:
 
     def finish(self, timeout: float) -> list[dict[str, Any]]:
         """At the job's end: copy the last checkpoint too, waiting up to ``timeout`` seconds for the copies
-        under way; the records of the copies that ended (those still running go on, unrecorded). A place
-        whose copy fails meanwhile is not tried again."""
+        under way (and for a checkpoint still settling); the records of the copies that ended (those still
+        running go on, unrecorded). A place whose copy fails meanwhile is not tried again."""
         deadline = time.monotonic() + timeout
         done: list[dict[str, Any]] = []
         failed: set[str] = set()
@@ -253,12 +306,21 @@ class Replicator:
             done += self.start_copies(failed)
             with self.lock:
                 threads = [place.thread for place in self.places if place.thread and place.thread.is_alive()]
+                pending = [place for place in self.places if place.pending and not place.lost]
                 if not threads:  # the copies that ended since start_copies took the records (a fast failure)
                     done, self.records = done + self.records, []
-            if not threads or time.monotonic() >= deadline:
+            if (not threads and not pending) or time.monotonic() >= deadline:
                 return done
             for thread in threads:
                 thread.join(max(0.0, deadline - time.monotonic()))
+            if not threads:
+                time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+
+    def version_of(self, name: str) -> tuple[int, int, int] | None:
+        try:
+            return signature(os.stat(self.source / name))
+        except OSError:
+            return None
 
     # The copies, in each place's thread.
 
@@ -278,6 +340,10 @@ class Replicator:
         record.update(bytes=size, seconds=round(seconds, 2), error=error, verified=not error, pruned=pruned)
         with self.lock:
             place.copying = ""
+            place.pending = error == PENDING
+            if place.pending:  # not a copy: nothing recorded, looked at again soon
+                place.retry_at = time.monotonic() + min(1.0, self.settle / 4)
+                return
             if error == SUPERSEDED:
                 record.update(
                     error="", skipped="pruned on this node before it was copied; a newer one will be"
@@ -302,26 +368,73 @@ class Replicator:
         except FileNotFoundError:
             return SUPERSEDED, 0, []
         with handle:  # read through this handle even if rank 0 prunes the file meanwhile
-            size = os.fstat(handle.fileno()).st_size
-            wrong = verify_handle(handle, path)
-            if wrong:
-                with self.lock:
-                    self.bad_sources[name] = wrong
-                return f"not copied: {wrong}", size, []
+            version = signature(os.fstat(handle.fileno()))
+            size = version[1]
+            checked, why = self.source_check(handle, path, name, version)
+            if checked is None:
+                return why, size, []
+            # Our own format carries its checksum; any other file is checked against its record.
+            expected = None if checked.kind == "ours" else checked.record
             handle.seek(0)
             error = (
-                self.put_node(place, name, handle, size)
+                self.put_node(place, name, handle, size, expected)
                 if place.node
-                else self.put_local(place, name, handle)
+                else self.put_local(place, name, handle, expected)
             )
         if error:
             return error, size, []
         return "", size, self.prune(place, name)
 
-    def put_local(self, place: Place, name: str, handle: BinaryIO) -> str:
+    def source_check(
+        self, handle: BinaryIO, path: Path, name: str, version: tuple[int, int, int]
+    ) -> tuple[Check | None, str]:
+        """How the checkpoint ``name`` here (open as ``handle``, at ``version``) is whole, its record written
+        beside it when it is not ours; else None and :data:`PENDING` (not known yet: being written, or
+        settling) or why it is not copied. One version is checked once, whatever the places."""
+        with self.lock:
+            cached = self.checked.get(name)
+        if cached is not None and cached[0] == version:
+            return cached[1], ""
+        record = read_record(path)
+        handle.seek(0)
+        ours = kind_of(handle.read(HEADER.size)) == "ours"
+        checked = check_handle(handle, path, record=record, digest=not ours)
+        if checked.problem:
+            if checked.kind == "ours":  # renamed into place whole by its writer: this one is damaged
+                return None, self.set_bad(name, version, checked.problem)
+            # A user's file may be written in place: judged once it stops changing.
+            now = time.monotonic()
+            with self.lock:
+                seen = self.sightings.get(name)
+                if seen is None or seen[0] != version:
+                    self.sightings[name] = (version, now)
+                    return None, PENDING
+            if now - seen[1] < self.settle:
+                return None, PENDING
+            if checked.kind == "zip":  # a zip that stays cut short: its writer died
+                return None, self.set_bad(name, version, checked.problem)
+            read, sha256 = sha256_of(handle)  # another format, unchanged for settle seconds: complete
+            if read != version[1]:
+                return None, PENDING
+            checked = Check(checked.kind, "settled", "", read, sha256)
+        if checked.record is not None and checked.record != record:
+            with contextlib.suppress(OSError):  # a record is written for the file as it is still
+                if signature(os.stat(path)) == version:
+                    write_record(path, checked.record)
+        with self.lock:
+            self.checked[name] = (version, checked)
+            self.sightings.pop(name, None)
+        return checked, ""
+
+    def set_bad(self, name: str, version: tuple[int, int, int], why: str) -> str:
+        with self.lock:
+            self.bad_sources[name] = (why, version)
+        return f"not copied: {why}"
+
+    def put_local(self, place: Place, name: str, handle: BinaryIO, expected: Record | None) -> str:
         final = place.folder / name
-        if not checkpoint_names.verify_file(final):
-            return ""  # already there, whole
+        if not check_file(final, expected).problem:
+            return checkpoint_names.keep_record(final, expected)  # already there, whole
         temporary = place.folder / temporary_name(name)
         try:
             place.folder.mkdir(parents=True, exist_ok=True)
@@ -330,7 +443,7 @@ class Replicator:
         except OSError as error:
             temporary.unlink(missing_ok=True)
             return f"cannot copy {name} to {place.folder}: {error}"
-        return install_verified(temporary, final)
+        return install_verified(temporary, final, expected)
 
     def node_command(self, tail: str) -> str:
         """A shell command run in the parent of the job's directory (see the module on why)."""
@@ -342,24 +455,28 @@ class Replicator:
         folder = f"{self.job_dir.name}/output/{FOLDER}"
         return shlex.quote(f"{folder}/{name}" if name else folder)
 
-    def put_node(self, place: Place, name: str, handle: BinaryIO, size: int) -> str:
+    def put_node(self, place: Place, name: str, handle: BinaryIO, size: int, expected: Record | None) -> str:
         verify = f"{self.python} -m {MODULE} --verify"
+        against = f" --size {expected.size} --sha256 {expected.sha256}" if expected else ""
         there = self.transport.run(
-            place.node, self.node_command(f"{verify} {self.relative(name)} && echo verified")
+            place.node, self.node_command(f"{verify} {self.relative(name)}{against} && echo verified")
         )
         if "verified" in there.split():
-            return ""  # already there, whole
+            return ""  # already there, whole (its record written there if it lacked one)
+        temporary = self.relative(temporary_name(name))
+        # A transfer cut short is deleted by the check; one whose write fails (a full disk) right here.
         command = self.node_command(
-            f"mkdir -p {self.relative()} && cat > {self.relative(temporary_name(name))}"
-            f" && {verify} {self.relative(temporary_name(name))} --rename-to {self.relative(name)}"
+            f"mkdir -p {self.relative()} && {{ cat > {temporary} || {{ rm -f {temporary}; exit 1; }}; }}"
+            f" && {verify} {temporary}{against} --rename-to {self.relative(name)}"
         )
         error = self.transport.send(place.node, handle, command, SEND_BASE + size / SEND_RATE)
         return f"copy to node {place.node} failed: {error}" if error else ""
 
     def prune(self, place: Place, newest: str) -> list[str]:
         """Delete the copies at ``place`` older than the newest ``keep`` up to ``newest`` (just verified
-        there), and temporary copies of other checkpoints left by an interrupted copy. Newer ones are left
-        alone. The names deleted ([] when the place could not be listed)."""
+        there), their records and those of checkpoints gone, and temporary copies of other checkpoints left by
+        an interrupted copy. Newer ones are left alone. The names deleted ([] when the place could not be
+        listed)."""
         if place.node:
             listing = self.transport.run(
                 place.node, self.node_command(f"ls -1a {self.relative()} && echo :listed")
@@ -374,7 +491,9 @@ class Replicator:
                 return []
         older = [n for n in newest_first(names) if not self.newer(n, newest) and n != newest]
         stale = [n for n in names if is_temporary(n) and n != temporary_name(newest)]
-        doomed = older[self.keep - 1 :] + stale
+        pruned = older[self.keep - 1 :]
+        records = [n for n in names if (of := recorded_checkpoint(n)) and (of in pruned or of not in names)]
+        doomed = pruned + stale + records
         if not doomed:
             return []
         if place.node:
@@ -386,29 +505,43 @@ class Replicator:
         return doomed
 
 
+def drop_orphan_records(folder: Path, listing: Sequence[str]) -> None:
+    """Delete the records in ``folder`` whose checkpoint is gone (rank 0 prunes its own checkpoints)."""
+    present = set(listing)
+    for name in listing:
+        if (of := recorded_checkpoint(name)) and of not in present:
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+
+
 def newest_verified(
     job_dir: Path, checkpoint_dir: str, job_id: str, skipped: list[str] | None = None
 ) -> tuple[str, Path | None]:
-    """The newest checkpoint that verifies, among this node's ``JOB/output/checkpoints`` and
+    """The newest checkpoint that is whole, among this node's ``JOB/output/checkpoints`` and
     ``checkpoint_dir``/<job id>/: its name and its path in ``JOB/output/checkpoints`` (('', None) when none).
 
     One of ``checkpoint_dir`` newer than this node's (or whose copy here is damaged) is first copied here,
-    verified, so the job resumes from its own folder. Newer checkpoints here that do not verify are renamed
-    to a hidden ``.NAME.corrupt`` (kept for a look, never resumed from: rank 0 resumes from the newest
-    checkpoint in its folder). What was skipped, and why, is appended to ``skipped``."""
+    checked (with its record, when it is not ours), so the job resumes from its own folder. Newer checkpoints
+    here that are not whole are passed over; those of ours are renamed to a hidden ``.NAME.corrupt`` (kept
+    for a look, never resumed from: the entrypoint resumes from the newest checkpoint in its folder), a user's
+    are left as they are (their script may read them). What was passed over, and why, is appended to
+    ``skipped``."""
     local = job_dir / "output" / FOLDER
     shared = Path(checkpoint_dir) / job_id if checkpoint_dir else None
     here = set(checkpoints_in(local))
     there = set(checkpoints_in(shared)) if shared else set()
     notes = skipped if skipped is not None else []
     for name in newest_first([*here | there]):
+        ours = False
         if name in here:
-            wrong = checkpoint_names.verify_file(local / name)
-            if not wrong:
+            checked = check_file(local / name)
+            if not checked.problem:
                 return name, local / name
-            notes.append(wrong)
+            ours = checked.kind == "ours"
+            notes.append(checked.problem if ours else f"{checked.problem}; passed over, left as it is")
         if shared is not None and name in there:
-            wrong = checkpoint_names.verify_file(shared / name)
+            checked = check_file(shared / name, digest=True)
+            wrong = checked.problem
             if not wrong:
                 local.mkdir(parents=True, exist_ok=True)
                 temporary = local / temporary_name(name)
@@ -418,11 +551,12 @@ def newest_verified(
                     temporary.unlink(missing_ok=True)
                     notes.append(f"cannot copy {shared / name} to {local}: {error}")
                     continue
-                wrong = install_verified(temporary, local / name)
+                expected = None if checked.kind == "ours" else checked.record
+                wrong = install_verified(temporary, local / name, expected)
                 if not wrong:
                     return name, local / name
             notes.append(wrong)
-        if name in here:
+        if ours:
             try:
                 (local / name).replace(local / f".{name}.corrupt")
             except OSError as error:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ddp_cluster.files import write_atomic
+from ddp_cluster.job import node_jobs
 from ddp_cluster.job import status as job_status
 
 FOLDER = "standby"
@@ -111,7 +112,7 @@ def report_main(job_dir: Path, every: float, timeout: float) -> int:
 def start_command(job_dir: str, primary: str, timeout: float, node_env: str) -> str:
     """The shell command (for the standby's node, over the mesh) that starts the standby unless it runs."""
     where = shlex.quote(job_dir.rstrip("/"))
-    pattern = shlex.quote(f"supervisor[.]standby --job-dir {job_dir.rstrip('/')} ")
+    pattern = shlex.quote(f"supervisor[.]standby --job-dir {node_jobs.ere_escape(job_dir.rstrip('/'))} ")
     # "--job-dir" quoted: the text of this command (the shell that runs it) must not match the pattern,
     # only the standby's own command line does.
     standby = (

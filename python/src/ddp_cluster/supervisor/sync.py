@@ -16,13 +16,15 @@ unchanged one not at all, so a second sync of a job that wrote nothing moves no 
 
 What a node sends is what the final collect would pack (:mod:`ddp_cluster.server.pack`: found from the
 workspace down without following a link, a link sent as the link, no ``secrets.json`` nor ``job.tar.gz``,
-no ``*.tmp`` or ``__pycache__``, the values of the job's secrets masked in text files), less what the collect
-alone brings: ``output/checkpoints/`` (large, and only used by a resume, which reads the collected ones),
-``workdir/`` (the project as sent, kept on the controller already) and ``heartbeat/`` (the watchdog's).
+no ``*.tmp`` or ``__pycache__``, the values of the job's secrets masked in every file, a sparse file left out
+and named), less what the collect alone brings: ``output/checkpoints/`` (large, and only used by a resume,
+which reads the collected ones), ``workdir/`` (the project as sent, kept on the controller already) and
+``heartbeat/`` (the watchdog's).
 At most ``budget`` bytes of files per node and sync (the rest is ``pending``: the next sync goes on from
-there).
+there), and never more than the controller says the job's ``results_max_gb`` has left (``left`` in its
+request), split between the nodes.
 
-A piece of a text file never ends inside a secret's value: its end is held back to before any beginning of
+A piece of a file never ends inside a secret's value: its end is held back to before any beginning of
 one (the next sync sends it whole, masked).
 
 Standard library only: it runs in the node image's Python.
@@ -242,6 +244,10 @@ class _Packer:
             if not stat.S_ISREG(found.st_mode):
                 self.left_out.append(f"{entry.path} (not a regular file)")
                 return
+            why = pack.sparse(descriptor, found)
+            if why:
+                self.left_out.append(f"{entry.path} ({why})")
+                return
             self._piece(entry.path, descriptor, found)
         finally:
             os.close(descriptor)
@@ -256,7 +262,7 @@ class _Packer:
             self.pending += size - start - length
         if length <= 0 and size > 0:
             return
-        text = bool(self.secrets) and b"\0" not in os.pread(descriptor, pack.TEXT_PROBE, 0)
+        text = bool(self.secrets)  # every file: a value in a pickle or an event file is as plain as in a log
         if self.check:
             self.sent += length
             self.files.append({"path": path, "start": start, "bytes": length})
@@ -300,7 +306,14 @@ def part(
         raise SyncError(str(error)) from None
     buffer = io.BytesIO()
     try:
-        secrets = pack.read_secrets(job)
+        try:
+            secrets = pack.read_secrets(job)
+        except pack.SecretsUnreadable as error:
+            raise SyncError(
+                f"job {os.path.basename(job_dir)}: {error} on {socket.gethostname()}, so its files could not"
+                " be masked: nothing of it is sent from this node (what it would mask stays on the node at"
+                " the final collect too)"
+            ) from None
         if not secrets:
             _refuse_unmaskable(job, job_dir)
         with _archive(buffer, check) as tar:
@@ -342,9 +355,9 @@ def _refuse_unmaskable(job: int, job_dir: str) -> None:
         readable = False
     if readable and not declared:
         return
-    if readable and _secrets_parse(job):
-        return  # every value shorter than what is masked: nothing to hide
-    why = "its secrets.json is missing, unreadable or invalid" if readable else "its job.json cannot be read"
+    if readable and _secrets_present(job):
+        return  # read, every value shorter than what is masked: nothing to hide
+    why = "its secrets.json is missing" if readable else "its job.json cannot be read"
     raise SyncError(
         f"job {os.path.basename(job_dir)} has secrets (secret_env) but {why} on {socket.gethostname()}, so"
         " its files could not be masked: nothing of it is sent from this node (its results, masked, come"
@@ -352,15 +365,13 @@ def _refuse_unmaskable(job: int, job_dir: str) -> None:
     )
 
 
-def _secrets_parse(job: int) -> bool:
-    """Whether secrets.json holds a JSON object within what :func:`pack.read_secrets` reads."""
+def _secrets_present(job: int) -> bool:
+    """Whether secrets.json is there (:func:`pack.read_secrets` read it: it raises on one it cannot)."""
     try:
-        descriptor = os.open(pack.SECRETS, pack.FILE, dir_fd=job)
-        with os.fdopen(descriptor, "rb") as handle:
-            data = handle.read((1 << 20) + 1)
-        return len(data) <= 1 << 20 and isinstance(json.loads(data.decode("utf-8")), dict)
-    except (OSError, ValueError):
+        os.stat(pack.SECRETS, dir_fd=job, follow_symlinks=False)
+    except OSError:
         return False
+    return True
 
 
 @contextlib.contextmanager
@@ -425,6 +436,9 @@ def gather(
     if answer["over"]:  # its final collect brings it all (train.yml -e attach=ID): the controller says so
         return answer
     budget = max(MIN_NODE_BUDGET, BUDGET // len(order))
+    left = manifest.get("left")
+    if isinstance(left, int) and not isinstance(left, bool):  # what the job's results_max_gb has left
+        budget = min(budget, max(left, 0) // len(order))
     every = manifest.get("nodes")
     every = every if isinstance(every, Mapping) else {}
 
