@@ -32,6 +32,7 @@ from ansible.plugins.action import ActionBase
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
+from ddp_cluster.job import results
 from ddp_cluster.job.plan import whole
 
 
@@ -51,7 +52,11 @@ class ActionModule(ActionBase):
         node = str((task_vars or {})["inventory_hostname"])
         host_dir = plan["host_dirs"][node]
         # the plan's host_dirs are <the node's workspace>/jobs/<job id>
-        where = {"job_dir": host_dir, "workspace": str(PurePosixPath(host_dir).parent.parent)}
+        where = {
+            "job_dir": host_dir,
+            "workspace": str(PurePosixPath(host_dir).parent.parent),
+            "max_bytes": results.collect_share(plan, node),
+        }
         packed = self._execute_module("ddp_job_pack", module_args=where, task_vars=task_vars)
         if packed.get("failed"):
             return self._failed(result, node, lost, f"could not pack its results: {packed.get('msg', '')}")

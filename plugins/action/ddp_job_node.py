@@ -1,4 +1,5 @@
-"""Action ``ddp_job_node``: check that a planned job can start on its nodes; changes nothing.
+"""Action ``ddp_job_node``: check that a planned job can start on its nodes; changes nothing but what an
+earlier job left in a node's image (below).
 
 On the job's first node it checks every node of the job at once, with one command on the first node's server
 (:func:`ddp_cluster.job.node_check.check_nodes`: the first node asks the others over the mesh, so the
@@ -7,6 +8,10 @@ controller's work does not grow with the node count; no module): each node answe
 is free and its listen backlog holds the ranks. Before an npu health gate (the plan's ``check_each``) every
 node runs the task and checks itself instead (:func:`~ddp_cluster.job.node_check.check_node`, one command on
 its own server): its devices must also reach the next server's (``hccn_tool -ping``, a tool of the server).
+First each node puts back what the image owns of the files a shell or Python runs at its start
+(:mod:`ddp_cluster.server.image_reset`: an earlier job's ``sitecustomize.py``, ``.pth`` or key in root's
+``~/.ssh``); the task reports ``changed`` and says what it undid when it undid anything, and refuses the
+node (naming the path and the fix) when it cannot put a file back.
 A failure names each node, what is wrong and the fix. The job's files are written only after every node
 passed (by ``ddp_job_wait``, on the first node), so a refused job leaves nothing behind.
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ddp_cluster.job import control, node_jobs
-from ddp_cluster.job.control import AttachError, JobControl, attach_plan, interrupt_file
+from ddp_cluster.job.control import SILENT, AttachError, JobControl, attach_plan, interrupt_file
 from ddp_cluster.job.status import Status
 from ddp_cluster.job.transport import Done, Local, Unreachable, in_container
 
@@ -255,8 +255,53 @@ def test_a_first_node_whose_server_does_not_answer_is_gone(tmp_path: Path, inter
         node.down = reads > 2
 
     node.on_command = die
-    result, _ = follow(tmp_path, node, interrupt)
+    clock = Clock()
+    said: list[str] = []
+    job = JobControl(plan(tmp_path), "node0", node, said.append, interrupt, clock, clock.sleep)
+    result = job.run()
     assert result["status"]["failed_node"] == "node0" and result["state"] == "failed"
+    # no answer is asked again, said once, and taken for the node's loss only after the takeover bound
+    asking = [line for line in said if "does not answer" in line]
+    assert len(asking) == 1 and "taken for gone after 115 s without an answer" in asking[0]
+    assert clock.now - 1000.0 >= SILENT + 115
+
+
+def test_a_blip_of_the_controllers_network_is_no_lost_node(tmp_path: Path, interrupt: Path) -> None:
+    """The server answers nothing for a minute (every call: the status read, docker inspect), then again:
+    the job is followed to its end, nothing stopped, the return said."""
+    node = FakeNode([RUNNING] * 40 + [DONE])
+    clock = Clock()
+
+    def blip(command: str) -> None:
+        node.down = 1030.0 <= clock.now < 1090.0
+
+    node.on_command = blip
+    said: list[str] = []
+    result = JobControl(plan(tmp_path), "node0", node, said.append, interrupt, clock, clock.sleep).run()
+    assert result["state"] == "succeeded", said
+    assert any("does not answer" in line for line in said) and any("answers again" in line for line in said)
+    assert node.stops() == []
+
+
+def test_a_container_docker_does_not_know_is_gone_at_once_and_a_busy_docker_is_asked_again(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    node = FakeNode([RUNNING])
+    answers = [
+        Done(1, "", "Error response from daemon: i/o timeout"),
+        Done(1, "", "Error: No such object: node0"),
+    ]
+    real = node.run
+
+    def run(command: str) -> Done:
+        return answers.pop(0) if command.startswith("docker inspect") else real(command)
+
+    node.run = run  # type: ignore[method-assign]
+    clock = Clock()
+    job = JobControl(plan(tmp_path), "node0", node, lambda line: None, interrupt, clock, clock.sleep)
+    result = job.run()
+    assert result["state"] == "failed" and answers == []
+    assert SILENT + SILENT / 2 <= clock.now - 1000.0 < SILENT + 115
 
 
 def test_restarts_are_said_once_as_they_come(tmp_path: Path, interrupt: Path) -> None:
@@ -533,6 +578,21 @@ def test_a_standby_that_never_took_over_ends_the_wait_with_a_failed_status(
         result["state"] == "failed" and "did not take the job over within 115 s" in result["status"]["reason"]
     )
     assert clock.now - 1000.0 <= 116
+
+
+def test_a_standby_that_does_not_answer_for_a_while_is_waited_for_within_the_bound(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    """The standby's server does not answer its first calls (the controller's network blinked): that is not
+    "nothing of the job runs there"; once it answers, its takeover is followed."""
+    mine = RUNNING.update(supervisor_node="node1", updated=5.0)
+    node = FakeNode([None, None, None, mine, DONE.update(supervisor_node="node1")])
+    clock = Clock()
+    node.on_command = lambda command: setattr(node, "down", clock.now < 1010.0)
+    changes = {"attach": True, "follow": True, "host_dirs": {"node1": "/srv/ddp/node1/jobs/J1"}}
+    said: list[str] = []
+    job = JobControl(plan(tmp_path, **changes), "node1", node, said.append, interrupt, clock, clock.sleep)
+    assert job.run()["state"] == "succeeded", said
 
 
 def test_a_status_of_an_earlier_start_under_the_same_id_is_not_this_starts(

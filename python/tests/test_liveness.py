@@ -307,12 +307,12 @@ def test_a_child_where_the_watcher_cannot_run_has_its_children_watched_from_here
 
 
 def test_suspects_are_the_children_unheard_for_two_intervals_until_lost() -> None:
+    started = time.monotonic()  # node1 says its one "up" after this (it may, before the block below starts)
     with watching({"node1": lambda elapsed: Fake(["up"], frozen=True, linger=60)}, timeout=1.0) as (
         tree,
         _,
         _,
     ):
-        started = time.monotonic()  # node1 says its one "up" after this
         time.sleep(0.03)
         assert tree.suspects() == [] and tree.heard_within(0.5)
         wait_for(lambda: tree.suspects())

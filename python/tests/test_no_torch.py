@@ -61,7 +61,11 @@ def test_package_and_cli_modules_import_without_torch(no_torch_env: dict[str, st
             "ddp_cluster.runtime.run",
             "ddp_cluster.job.plot",
             "ddp_cluster.errors",
-                 "ddp_cluster.files", "ddp_cluster.runtime.metrics"]
+            "ddp_cluster.checkpoint",
+            "ddp_cluster.text",
+            "ddp_cluster.files",
+            "ddp_cluster.runtime.metrics",
+        ]
         names += [module for module, _ in ddp_cluster.cli.SUBCOMMANDS.values()]
         for name in names:
             importlib.import_module(name)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import subprocess
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,32 @@ def test_the_node_masks_the_forms_the_controller_masks() -> None:
 
 def test_a_plain_checkpoint_s_record_is_named_as_the_ranks_name_it() -> None:
     assert pack.RECORD.format("epoch-00001.ckpt") == names.record_name("epoch-00001.ckpt")
+
+
+def fake_proc(tmp_path: Path, processes: dict[int, list[str]]) -> Path:
+    proc = tmp_path / "proc"
+    for pid, words in processes.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cmdline").write_bytes(b"\0".join(word.encode() for word in words) + b"\0")
+    (proc / "self").mkdir()
+    return proc
+
+
+def test_a_job_whose_supervisor_still_runs_is_not_packed_and_keeps_its_secrets(tmp_path: Path) -> None:
+    """The controller took the job for ended (its first node did not answer a while), but its supervisor
+    runs on the server: the pack waits its bound, then refuses naming the job and what to do."""
+    proc = fake_proc(
+        tmp_path,
+        {
+            41: ["python", "-m", "ddp_cluster.supervise", "--job-dir", "/workspace/jobs/j1"],
+            42: ["python", "-m", "ddp_cluster.supervise", "--job-dir", "/workspace/jobs/j10"],  # another job
+            43: ["python", "train.py", "--job-dir", "/workspace/jobs/j1"],  # a rank: not the supervisor
+        },
+    )
+    assert pack.supervisor_pids("j1", str(proc)) == [41]
+    assert pack.supervisor_pids("j2", str(proc)) == []
+    started = time.monotonic()
+    with pytest.raises(pack.PackError, match=r"the job still runs on this server \(its supervisor, pid 41\)"):
+        pack.await_supervisor_end("/srv/node0/workspace/jobs/j1", wait=0.3, proc=str(proc))
+    assert 0.3 <= time.monotonic() - started < 5
+    pack.await_supervisor_end("/srv/node0/workspace/jobs/j2", wait=30, proc=str(proc))  # at once

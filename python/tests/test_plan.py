@@ -146,7 +146,7 @@ def mca(argv: list[str], name: str) -> str:
         ({"hccl_init": "table"}, "cluster_hccl_init=table must be rank_table or master_addr"),
         ({"timeout": "soon"}, "job_timeout=soon must be a whole number of seconds above 0"),
         ({"resume": "maybe"}, "resume=maybe must be true or false"),
-        ({"id": "a/b"}, "job_id=a/b may hold only letters, digits, _ . and -"),
+        ({"id": "a/b"}, "job_id='a/b' is not a job id: a job id is letters, digits, _ . and -"),
         (
             {"script": "/nonexistent/train.py"},
             "script=/nonexistent/train.py does not exist on the controller",
@@ -160,6 +160,8 @@ def mca(argv: list[str], name: str) -> str:
         ({"health_factor": "x"}, "ddp_job_health_factor=x must be a whole number"),
         ({"mpirun_args": "--oversubscribe"}, "ddp_job_mpirun_args must be a list"),
         ({"nproc_per_node": "many"}, "nproc_per_node='many' must be a whole number"),
+        ({"results_max_gb": -1}, "results_max_gb=-1 must be above 0"),
+        ({"results_max_gb": 0}, "results_max_gb=0 must be above 0"),
     ],
 )
 def test_a_bad_request_is_refused_naming_what_the_user_sets(

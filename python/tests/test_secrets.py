@@ -325,6 +325,7 @@ def test_a_users_script_under_the_wrapper_reads_the_secret(
     assert done.stdout.strip() == "True"
 
 
+@pytest.mark.torch  # the entrypoint's run imports torch
 def test_the_entrypoint_reads_the_secrets_before_anything_else(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -235,6 +235,8 @@ GOOD = [
     "passwordauthentication no",
     "kbdinteractiveauthentication no",
     "permitrootlogin without-password",
+    "authorizedkeysfile /etc/ddp-cluster/authorized_keys",
+    "permituserrc no",
 ]
 
 
@@ -249,6 +251,12 @@ def test_sshd_that_did_not_answer_or_is_misconfigured_is_named() -> None:
     loose = node.sshd_failure("n0", "node0", SSHD, [*GOOD[:1], "passwordauthentication yes", *GOOD[2:]], "")
     assert loose.startswith("n0: sshd in container node0 is not configured as the cluster needs")
     assert "it lacks ['passwordauthentication no']" in loose and "'passwordauthentication yes'" in loose
+    # a key a job left in root's ~/.ssh must not let anyone in: the mesh's file alone
+    homes = [line for line in GOOD if not line.startswith("authorizedkeysfile")]
+    homes.append("authorizedkeysfile .ssh/authorized_keys .ssh/authorized_keys2")
+    opened = node.sshd_failure("n0", "node0", SSHD, homes, "")
+    assert "it lacks ['authorizedkeysfile /etc/ddp-cluster/authorized_keys']" in opened
+    assert "'authorizedkeysfile .ssh/authorized_keys .ssh/authorized_keys2'" in opened
 
 
 def test_sshd_must_listen_on_the_nodes_cluster_address_only() -> None:

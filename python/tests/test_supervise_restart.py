@@ -26,6 +26,7 @@ from ddp_cluster.job.plan import Inventory, PlanError
 from ddp_cluster.job.spec import JobSpec, JobSpecError
 from ddp_cluster.job.status import Status
 from ddp_cluster.runtime import checkpoint_names
+from ddp_cluster.server import image_reset
 from ddp_cluster.supervisor import recovery
 from ddp_cluster.supervisor.failures import Failure, launcher_failure
 from ddp_cluster.supervisor.loop import STATUS_FILE, Supervisor
@@ -123,6 +124,7 @@ class Cluster:
         self.commands: list[tuple[str, str]] = []
         self.given: list[tuple[list[str], bytes]] = []
         self.errors: dict[str, str] = {}  # node -> the exception lines of its ranks' logs
+        self.resets: dict[str, str] = {}  # node -> what the reset of its image's start files says there
         self.real_run = supervisor.mesh.run
         monkeypatch.setattr(supervisor.mesh, "probe", self.probe)
         monkeypatch.setattr(supervisor.mesh, "run", self.on_node)
@@ -137,6 +139,8 @@ class Cluster:
             return ""
         if command.startswith("pgrep -a"):
             return self.leftover.get(node, "")
+        if image_reset.SCRIPT in command:  # a spare's image put back before it joins
+            return self.resets.get(node, "") + recovery.RESET_RAN + "\n"
         if " --claim " in command and " --here" in command:  # a spare claimed for the job
             refused = {"claimed": False, "job": "j0", "nodes": [node]}
             return json.dumps(refused if node in self.busy else {"claimed": True}) + "\n"
@@ -405,6 +409,42 @@ def tar_files(data: bytes) -> dict[str, bytes]:
         return {item.name: tar.extractfile(item).read() for item in tar.getmembers()}  # type: ignore[union-attr]
 
 
+def test_a_spare_whose_image_cannot_be_put_back_is_passed_over_for_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
+    """Before a spare takes the job's files its image's start files are put back (as a start's node check
+    does); one that refuses is passed over like a node that did not take the files, the next spare taken."""
+    supervisor, cluster = faked(tmp_path, monkeypatch, spares=["n2", "n3"])
+    cluster.down = {"n1"}
+    cluster.resets["n2"] = image_reset.REFUSED + "/opt/venv/bin is no longer the image's directory\n"
+    cluster.resets["n3"] = image_reset.UNDONE + "removed /opt/venv/lib/python3.11/site-packages/x.pth\n"
+    first_attempt(supervisor)
+
+    assert recovery.recover(supervisor, lost("n1"), pool) is True
+
+    assert supervisor.spec.nodes == ("n0", "n3")
+    assert [node for node, command in cluster.commands if image_reset.SCRIPT in command] == ["n2", "n3"]
+    assert all(nodes != ["n2"] for nodes, _ in cluster.given)  # n2 never got the job's files
+
+
+def test_a_spare_that_does_not_answer_its_reset_is_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
+    supervisor, cluster = faked(tmp_path, monkeypatch, spares=["n2"])
+    cluster.down = {"n1"}
+    first_attempt(supervisor)
+    real = cluster.on_node
+    monkeypatch.setattr(
+        supervisor.mesh,
+        "run",
+        lambda node, command: "" if image_reset.SCRIPT in command else real(node, command),
+    )
+    failure = lost("n1")
+
+    assert recovery.recover(supervisor, failure, pool) is False
+    assert "did not take the job's files: n2" in failure.reason
+
+
 def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
 ) -> None:
@@ -445,9 +485,10 @@ def test_a_lost_node_is_replaced_by_a_free_spare_from_the_newest_checkpoint(
     assert (job_dir / ATTEMPTS / "0" / "logs" / "1" / "rank.0" / "stdout").read_text() == "epoch 3\n"
     assert (job_dir / "logs").is_dir() and not any((job_dir / "logs").iterdir())
     assert not (job_dir / LAUNCHER_LOG).exists()
-    # the spare is asked which jobs it runs, then claimed for this one
-    assert cluster.asked("n1") == [] and len(cluster.asked("n2")) == 2
+    # the spare is asked which jobs it runs, claimed for this one, then its image's start files put back
+    assert cluster.asked("n1") == [] and len(cluster.asked("n2")) == 3
     assert "--claim j1 --here" in cluster.asked("n2")[1]
+    assert image_reset.SCRIPT in cluster.asked("n2")[2]
     # the record, in the supervisor and its status
     (record,) = supervisor.restarts
     assert {key: record[key] for key in record if key not in ("lost_at", "restarted_at")} == {

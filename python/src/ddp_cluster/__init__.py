@@ -3,7 +3,8 @@
 The package is grouped by where its code runs, which says what each part may import (import-linter holds it,
 ``.importlinter`` at the repository's root):
 
-    errors, files, cli      the base: one error class tree, atomic writes, ``ddp-cluster SUBCOMMAND``
+    errors, files, text     the base: one error class tree, atomic writes, what may reach a terminal
+    cli                     ``ddp-cluster SUBCOMMAND``
     accelerators/           cpu, gpu, npu: device kind, backend, visible-devices variable, topology (no torch)
     ascend/                 device-IP plans, rank tables, hccn_tool (``hccn`` ships to servers: stdlib, 3.8)
     image/                  the node image (controller): base image, its probe, where it is built, its tag,
@@ -18,7 +19,8 @@ The package is grouped by where its code runs, which says what each part may imp
 Importing the package needs no torch: only ``runtime`` and ``health.gate`` (and what they import) do.
 ``python -m ddp_cluster.train``, ``.run``, ``.gate`` and ``.supervise`` are the documented entry points;
 ``ddp_cluster.heartbeat()`` (:mod:`ddp_cluster.runtime.heartbeat`, no torch) is a rank's sign of progress for
-the job's watchdog, imported on first use.
+the job's watchdog, imported on first use. :mod:`ddp_cluster.checkpoint` (torch on first use) saves and loads
+a user's own script's checkpoints where the job's recovery finds them.
 """
 
 from __future__ import annotations

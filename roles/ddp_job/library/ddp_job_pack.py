@@ -42,6 +42,11 @@ options:
     description: Remove I(archive) and its directory instead of packing (the controller fetched it).
     type: bool
     default: false
+  max_bytes:
+    description:
+      - At most this many bytes of files go into the archive (this node's share of the job's
+        C(results_max_gb)); what is over is left on the node and named in C(left_out). Unset, no bound.
+    type: int
 """
 
 RETURN = r"""
@@ -89,6 +94,7 @@ def main() -> None:
             "workspace": {"type": "path"},
             "archive": {"type": "path"},
             "remove": {"type": "bool", "default": False},
+            "max_bytes": {"type": "int"},
         },
         required_if=[("remove", True, ["archive"]), ("remove", False, ["job_dir", "workspace"])],
         supports_check_mode=True,
@@ -98,7 +104,9 @@ def main() -> None:
         if params["remove"]:
             removed = module.check_mode or remove_archive(params["archive"])
             module.exit_json(changed=removed, removed=removed)
-        packed = pack_job(params["job_dir"], params["workspace"], check=module.check_mode)
+        packed = pack_job(
+            params["job_dir"], params["workspace"], check=module.check_mode, max_bytes=params["max_bytes"]
+        )
     except PackError as error:
         module.fail_json(msg=str(error))
     module.exit_json(changed=True, **packed)

@@ -21,8 +21,11 @@ it at its next poll, stops the job on every node (with the reason), waits for th
 returns it, so the results are collected and the report says the job was interrupted.
 
 A stop is the node's own (:mod:`ddp_cluster.job.node_jobs`: the same command as ``jobs.yml -e stop=ID``).
-The first node is taken for gone when its supervisor said nothing new for ``SILENT`` seconds and its
-container does not run (or its server does not answer).
+The first node is taken for gone when its supervisor said nothing new for ``SILENT`` seconds and docker says
+its container does not run, or its server has not answered for the takeover bound (the job's
+``liveness_timeout`` plus ``TAKEOVER_WAIT``): a call that gets no answer is said and asked again, never taken
+as the node's loss at once (the controller's own network may have blinked; ssh's keepalives, ansible.cfg's
+``ServerAliveInterval``, bound each call).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from ddp_cluster.job.spec import BUNDLE_FILE
 from ddp_cluster.job.status import Status
 from ddp_cluster.job.transport import Transport, Unreachable, in_container
 from ddp_cluster.runtime import checkpoint_names
+from ddp_cluster.text import visible
 
 # Seconds past job_timeout before the controller stops a job whose supervisor did not end it; and to wait for
 # the supervisor's last word after a stop.
@@ -275,10 +279,13 @@ class JobControl:
     secrets: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # what the nodes reported (a status's cause, a restart's reason) reaches the terminal as text
+        shown, self.say = self.say, lambda line: shown(visible(line))
         self.label = f"{self.plan['label']} {self.plan['id']}"
         self.status_file = f"{self.plan['host_dirs'][self.node]}/{job_status.FILE}"
         self.status_read = read_command(str(self.plan["host_dirs"][self.node]), job_status.FILE)
         self.first_lost = False
+        self._unanswered_since: float | None = None  # since when the first node's server did not answer
         self.supervisor_dead = ""  # the dead supervisor's last words, once found dead
         self.nobody = (
             False  # followed to the standby: neither a standby nor a supervisor of the job runs there
@@ -390,8 +397,8 @@ class JobControl:
                 return found
             try:
                 here = self.transport.run(check).stdout.strip()
-            except Unreachable:
-                here = "no"
+            except Unreachable:  # no answer is not "nothing runs here": asked again until the bound
+                here = "unknown"
             idle = idle + 1 if here == "no" else 0
             if idle >= 2:
                 self.nobody = True
@@ -573,21 +580,36 @@ class JobControl:
 
     def first_silent(self, status: Status | None) -> bool:
         """Whether the first node is gone: no new word from its supervisor for SILENT seconds and its
-        container does not run (or its server does not answer). Sets first_lost."""
+        container does not run (docker's answer), or its server has not answered for the takeover bound
+        (unanswered is no evidence by itself: the controller's own network may have blinked). Sets
+        first_lost."""
         now = self.clock()
         updated = status.updated if status else None
         if updated != self._last_updated:
             self._last_updated, self._changed_at = updated, now
+            self._unanswered_since = None
             return False
         if now - self._changed_at < SILENT or now - self._probed_at < SILENT / 2:
             return False
         self._probed_at = now
         try:
             done = self.transport.run(f"docker inspect -f '{{{{.State.Running}}}}' {shlex.quote(self.node)}")
-            running = done.rc == 0 and "true" in done.stdout
-        except Unreachable:
-            running = False
-        self.first_lost = not running
+        except Unreachable as error:
+            if self._unanswered_since is None:
+                self._unanswered_since = now
+                self.say(
+                    f"{self.label}: the first node's server ({self.node}) does not answer"
+                    f" ({str(error).strip()[:200]}); asking again: it is taken for gone after"
+                    f" {self.takeover_bound:g} s without an answer"
+                )
+            self.first_lost = now - self._unanswered_since >= self.takeover_bound
+            return self.first_lost
+        if self._unanswered_since is not None:
+            self._unanswered_since = None
+            self.say(f"{self.label}: the first node's server ({self.node}) answers again")
+        said = f"{done.stdout}\n{done.stderr}".lower()
+        # gone: docker says the container stopped or is no more; any other answer (docker busy) is asked again
+        self.first_lost = (done.rc == 0 and "false" in said) or "no such" in said
         return self.first_lost
 
     def wait(

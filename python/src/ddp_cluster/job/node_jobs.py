@@ -22,6 +22,7 @@ from typing import Any
 
 from ddp_cluster.job import status as job_status
 from ddp_cluster.job.transport import Transport, Unreachable, in_container
+from ddp_cluster.text import visible
 
 MODULE = "ddp_cluster.supervisor.jobs"
 # The node image's environment (its Python, the package): docker exec starts no login shell.
@@ -453,4 +454,5 @@ def table(reports: Mapping[str, Any], down: Mapping[str, str] | None = None) -> 
             lines.append(f"{job}: {job_status.describe_restart(record)}")
         if entry.get("problem"):
             lines.append(f"{job}: {entry['problem']}")
-    return lines
+    # what a node reported (a job's status, its progress, a cause) reaches the terminal as text, one line each
+    return [visible(line, newlines=False) for line in lines]

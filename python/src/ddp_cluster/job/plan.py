@@ -494,9 +494,6 @@ def _check(
             f"min_nodes={min_nodes} is more than nodes={count}: a job that lost a node goes on with fewer,"
             " never more; ask for min_nodes of at most nodes"
         )
-    job_id = request["id"] or ""
-    if job_id and not job.NAME.match(str(job_id)):
-        problems.append(f"job_id={job_id} may hold only letters, digits, _ . and -")
     resume = flag(request["resume"], "resume", problems)
     preflight = flag(request["preflight"], "preflight", problems)
     detach = flag(request["detach"], "detach", problems)

@@ -51,6 +51,7 @@ USER_NAMES = {
     "stall_timeout": "stall_timeout",
     "stall_start_timeout": "stall_start_timeout",
     "telemetry_interval": "telemetry_interval",
+    "results_max_gb": "results_max_gb",
     "secret_env": "secret_env",
     "workdir_follow_links": "workdir_follow_links",
 }

@@ -105,6 +105,9 @@ class JobSpec:
     # Watching: the supervisor samples every node (the job's processes, its devices) every
     # ``telemetry_interval`` seconds into JOB/telemetry/NODE.jsonl (0: never).
     telemetry_interval: float = field(default=15.0, metadata=_bounds(0))
+    # At most ``results_max_gb`` GiB of the job's files come back to the controller (its output, the newest
+    # complete checkpoint, logs); what is over is left on the node and named in the report.
+    results_max_gb: float = field(default=256.0, metadata=_bounds(0, exclusive=True))
     # This start's own mark (the plan's): the controller accepts only a status that carries it.
     start_id: str = ""
 

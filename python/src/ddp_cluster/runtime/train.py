@@ -364,7 +364,8 @@ def summary_writer() -> WriterFactory | None:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # torch without the tensorboard package
         return None
-    writer: WriterFactory = SummaryWriter  # typed here: without torch installed, mypy reads SummaryWriter as Any
+    # typed here: without torch installed, mypy reads SummaryWriter as Any
+    writer: WriterFactory = SummaryWriter
     return writer
 
 

@@ -43,7 +43,8 @@ NO_DOCKER_CLI = (
     "docker.io)"
 )
 SSHD_KEYS = re.compile(
-    r"^(port|listenaddress|passwordauthentication|kbdinteractiveauthentication|permitrootlogin) "
+    r"^(port|listenaddress|passwordauthentication|kbdinteractiveauthentication|permitrootlogin"
+    r"|authorizedkeysfile|permituserrc) "
 )
 PROBE = re.compile(r"^ddp-node ([a-z0-9-]+): ?(.*)$")
 
@@ -410,7 +411,9 @@ def bring_up(params: dict[str, Any], check: bool) -> dict[str, Any]:
 
 def expected_sshd(port: int, listen: str = "") -> list[str]:
     """The lines of `sshd -T` the cluster needs: its port, the address it listens on (when given: the node's
-    cluster address on a host network), password and keyboard-interactive login off, root by key only."""
+    cluster address on a host network), password and keyboard-interactive login off, root by key only, and
+    by the mesh's key alone (one authorized-keys file, not in root's home, where a job could leave a key; no
+    ~/.ssh/rc run at a login)."""
     where = f"[{listen}]:{port}" if ":" in listen else f"{listen}:{port}"
     return [
         f"port {port}",
@@ -418,6 +421,8 @@ def expected_sshd(port: int, listen: str = "") -> list[str]:
         "passwordauthentication no",
         "kbdinteractiveauthentication no",
         "permitrootlogin without-password",
+        "authorizedkeysfile /etc/ddp-cluster/authorized_keys",
+        "permituserrc no",
     ]
 
 
@@ -436,7 +441,8 @@ def sshd_failure(host: str, container: str, sshd: dict[str, Any], lines: list[st
         return ""
     return (
         f"{host}: sshd in container {container} is not configured as the cluster needs (port {port}"
-        f"{f' on {listen} only' if listen else ''}, password login off, root by key only): it lacks "
+        f"{f' on {listen} only' if listen else ''}, password login off, root by the mesh's key only):"
+        " it lacks "
         f"{missing}; `sshd -T` says {[line for line in lines if SSHD_KEYS.match(line)]}"
     )
 

@@ -54,6 +54,7 @@ import stat
 import struct
 import tarfile
 import tempfile
+import time
 import zipfile
 from typing import IO, Any, Dict, Iterable, Iterator, List, NamedTuple, Tuple
 
@@ -623,6 +624,56 @@ def members(
     return paths, newest[0] if newest else "", admitted.left_out
 
 
+# How long a pack waits for the job's supervisor on this server to end (it writes the job's last status, then
+# ends; the collect follows that status at once), before it refuses: a job that still runs is not packed.
+SUPERVISOR_WAIT = 30.0
+SUPERVISOR_MODULE = b"ddp_cluster.supervise"
+
+
+def supervisor_pids(job_id: str, proc: str = "/proc") -> list[int]:
+    """The processes on this server (in any of its containers: the server sees theirs) of the supervisor of
+    job ``job_id``: ``python -m ddp_cluster.supervise --job-dir <...>/jobs/<job_id>``."""
+    found = []
+    suffix = ("/jobs/" + job_id).encode()
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "cmdline"), "rb") as handle:
+                words = handle.read(1 << 16).split(b"\0")
+        except OSError:  # it ended meanwhile, or is not ours to read
+            continue
+        if SUPERVISOR_MODULE not in words or b"--job-dir" not in words:
+            continue
+        where = words.index(b"--job-dir") + 1
+        if where < len(words) and words[where].rstrip(b"/").endswith(suffix):
+            found.append(int(name))
+    return found
+
+
+def await_supervisor_end(job_dir: str, wait: float = SUPERVISOR_WAIT, proc: str = "/proc") -> None:
+    """Return once no supervisor of the job of ``job_dir`` runs on this server (within ``wait`` seconds);
+    PackError naming it otherwise: the controller took the job for ended (its first node did not answer),
+    but it runs, and its results and secrets stay where they are."""
+    job_id = os.path.basename(job_dir.rstrip("/"))
+    deadline = time.monotonic() + wait
+    while True:
+        pids = supervisor_pids(job_id, proc)
+        if not pids or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    if pids:
+        raise PackError(
+            "the job still runs on this server (its supervisor, pid"
+            " " + ", ".join(str(pid) for pid in pids) + "): its results were not packed and its secrets"
+            " are kept. Follow it: ansible-playbook train.yml -e attach=" + job_id + "; or stop it:"
+            " ansible-playbook jobs.yml -e stop="
+            + job_id
+            + ", then collect it with train.yml -e attach="
+            + job_id
+        )
+
+
 def pack_job(
     job_dir: str,
     workspace: str,
@@ -650,6 +701,7 @@ def pack_job(
             "checkpoint": newest,
             "left_out": left_out,
         }
+    await_supervisor_end(job_dir)
     job = open_job_dir(workspace, job_dir)
     scratch = ""
     try:

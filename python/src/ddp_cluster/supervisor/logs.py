@@ -415,7 +415,7 @@ def masking(job_dir: Path, spec: jobspec.JobSpec) -> list[str]:
             f" {socket.gethostname()} (its results were collected): its logs, masked, are in"
             f" runs/{spec.id}/logs/ on the controller that collected it"
         )
-    return secrets.maskable([*values, *(json.dumps(value)[1:-1] for value in values)])
+    return [form.decode() for form in secrets.forms(values)]
 
 
 def _encoded(texts: Sequence[str]) -> list[bytes]:
@@ -540,7 +540,7 @@ def read_main(job_id: str, jobs_dir: str, body: str) -> int:
     offsets = request.get("offsets")
     job_dir = Path(jobs_dir, job_id)
     values = list(secrets.read(job_dir).values())
-    hidden = _encoded(secrets.maskable([*values, *(json.dumps(value)[1:-1] for value in values)]))
+    hidden = secrets.forms(values)
     if request.get("masked") and not hidden:
         # the job has secrets but this node cannot read them: nothing unmasked leaves it
         problem = f"its logs are not shown: the job's secrets.json is not readable on {socket.gethostname()}"

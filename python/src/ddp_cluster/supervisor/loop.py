@@ -65,7 +65,7 @@ from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
 from ddp_cluster.job.status import Status
 from ddp_cluster.runtime import checkpoint_names
-from ddp_cluster.supervisor import drain, recovery, stall, standby, telemetry
+from ddp_cluster.supervisor import drain, recovery, replicas, stall, standby, telemetry
 from ddp_cluster.supervisor import jobs as node_claims
 from ddp_cluster.supervisor.failures import (
     DEVICE_FAULT,
@@ -451,7 +451,8 @@ class Supervisor:
 
     def keep_copies(self, failure: Failure) -> None:
         """A job that ends after its first node was lost: say where the checkpoint copies are kept."""
-        kept = recovery.newest_checkpoint(self.job_dir / "output")[0]
+        # the newest one that is whole (the one a resume would take), not merely the newest name
+        kept = replicas.newest_verified(self.job_dir, self.spec.checkpoint_dir, self.spec.id)[0]
         shared = f" and in {self.spec.checkpoint_dir}/{self.spec.id}" if self.spec.checkpoint_dir else ""
         failure.reason += (
             f"; every rank was stopped; the checkpoint copies are kept on {self.me}"

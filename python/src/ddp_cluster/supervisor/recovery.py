@@ -25,6 +25,7 @@ from ddp_cluster.ascend import ranktable
 from ddp_cluster.files import add_file, write_atomic
 from ddp_cluster.job import spec as jobspec
 from ddp_cluster.runtime.checkpoint_names import FOLDER, NAME
+from ddp_cluster.server import image_reset
 from ddp_cluster.supervisor import failures
 from ddp_cluster.supervisor.failures import Failure, read_text
 from ddp_cluster.supervisor.jobs import claim_one
@@ -32,6 +33,7 @@ from ddp_cluster.supervisor.replicas import newest_verified
 
 if TYPE_CHECKING:
     from ddp_cluster.supervisor.loop import Supervisor
+    from ddp_cluster.supervisor.remote import Mesh
 
 # Where a restarted job's earlier attempts keep their logs (JOB/attempts/<n>/), on every node.
 ATTEMPTS = "attempts"
@@ -196,7 +198,9 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
         supervisor.launcher = supervisor.spec.launch_argv()
         update = write_plan_files(supervisor)
         job_dir = supervisor.job_dir
-        error = mesh.give(taken, supervisor.files_for_others(), job_dir, pool) if taken else None
+        # a spare joins as a node starting a job does: what an earlier job left in its image is put back first
+        error = reset_images(mesh, taken, str(Path(spec.job_dir).parent), pool) if taken else None
+        error = error or (mesh.give(taken, supervisor.files_for_others(), job_dir, pool) if taken else None)
         error = error or mesh.give([node for node in nodes if node != supervisor.me], update, job_dir, pool)
         if error is None:
             break
@@ -233,6 +237,25 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
         ranks_running=False,
     )
     return True
+
+
+# the last line of a spare's reset: it ran (the reset says nothing when nothing changed)
+RESET_RAN = "image-reset-ran"
+
+
+def reset_images(mesh: Mesh, nodes: Sequence[str], jobs_dir: str, pool: ThreadPoolExecutor) -> Failure | None:
+    """Put back what the image owns of the files a shell or Python runs at its start on each of ``nodes``
+    (spares about to join: :mod:`ddp_cluster.server.image_reset`, as the start's node check does); the
+    failure naming the first node whose files could not be put back (the spare is then passed over)."""
+    outputs = mesh.run_on(nodes, f"{image_reset.command(jobs_dir)}; echo {RESET_RAN}", pool)
+    for node in nodes:
+        said = outputs.get(node, "")
+        if RESET_RAN not in said:  # the reset says nothing when nothing changed: the marker says it ran
+            return Failure(f"node {node} did not answer the reset of its image's start files", node=node)
+        refused = [line for line in said.splitlines() if line.startswith(image_reset.REFUSED)]
+        if refused:
+            return Failure(f"node {node}: {refused[0].removeprefix(image_reset.REFUSED)[:300]}", node=node)
+    return None
 
 
 def spare_free(supervisor: Supervisor, node: str, drained: list[str] | None = None) -> bool:

@@ -79,10 +79,11 @@ def report(
     while time.time() - pings() < timeout:
         try:
             text = path.read_text(encoding="utf-8")
-        except OSError:
+        except (OSError, ValueError):  # not there, or not text: no status to say
             text = ""
         if text and text != shown:
-            with contextlib.suppress(job_status.StatusError):  # a torn read: the next one is whole
+            # a torn read (the next one is whole), or no status at all
+            with contextlib.suppress(job_status.StatusError, ValueError):
                 current = job_status.loads(text)
                 out.write("status " + json.dumps(current.to_dict(), separators=(",", ":")) + "\n")
                 shown = text
