@@ -30,7 +30,7 @@ help:
 	@echo "make test    lint, unit tests, molecule scenarios and end-to-end tests"
 	@echo "make lint    yamllint, ansible-lint, ruff, mypy, import-linter (the package's layering)"
 	@echo "make bench   benchmarks (figures, not tests)"
-	@echo "make clean   remove the local cluster's containers, network and state"
+	@echo "make clean   remove the local cluster's containers, network and state (refused while a job runs: FORCE=true)"
 	@echo "make venv    .venv with what running needs, pinned, on Python 3.11-3.13 (PYTHON=... picks the interpreter)"
 	@echo "make dev     .venv with the linters and test tools too (make check and make test install them)"
 	@echo "make registry  install Docker's Distribution registry, which registry distribution runs on the controller"

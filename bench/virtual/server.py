@@ -260,6 +260,8 @@ def node_container(host: str, args: dict[str, Any], state: dict[str, Any]) -> di
         "passwordauthentication no",
         "kbdinteractiveauthentication no",
         "permitrootlogin without-password",
+        "authorizedkeysfile /etc/ddp-cluster/authorized_keys",
+        "permituserrc no",
     ]
     lines += [
         "ddp-node interface: eth0",

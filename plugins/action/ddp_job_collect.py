@@ -52,11 +52,8 @@ class ActionModule(ActionBase):
         node = str((task_vars or {})["inventory_hostname"])
         host_dir = plan["host_dirs"][node]
         # the plan's host_dirs are <the node's workspace>/jobs/<job id>
-        where = {
-            "job_dir": host_dir,
-            "workspace": str(PurePosixPath(host_dir).parent.parent),
-            "max_bytes": results.collect_share(plan, node),
-        }
+        where: dict[str, Any] = {"job_dir": host_dir, "workspace": str(PurePosixPath(host_dir).parent.parent)}
+        where["max_bytes"] = results.collect_share(plan, node)  # its part of the job's results_max_gb
         packed = self._execute_module("ddp_job_pack", module_args=where, task_vars=task_vars)
         if packed.get("failed"):
             return self._failed(result, node, lost, f"could not pack its results: {packed.get('msg', '')}")
