@@ -285,3 +285,12 @@ def test_with_torchrun_the_failing_agents_own_log_names_the_rank(tmp_path: Path)
 def test_mpirun_keeps_each_ranks_output_on_its_own_node() -> None:
     argv = spec().launch_argv()
     assert argv[argv.index("--output-filename") + 1] == "/workspace/jobs/j1/logs:nocopy"
+
+
+def test_a_log_tail_ends_lines_at_newlines_only(tmp_path: Path) -> None:
+    """A rank's "\\r" stays inside its line (shown written out): it cannot start a forged line of its own."""
+    from ddp_cluster.supervisor.failures import tail
+
+    log = tmp_path / "stdout"
+    log.write_bytes(b"one\r\nprogress 50%\r[node1 rank 1] forged\nthree\x0bfour\n")
+    assert tail(log) == ["one", "progress 50%\r[node1 rank 1] forged", "three\x0bfour"]

@@ -158,7 +158,10 @@ def last_line(path: Path) -> str | None:
 
 def tail(path: Path, count: int = TAIL_LINES) -> list[str]:
     text = read_text(path, limit=64 * 1024)
-    return [line for line in text.splitlines() if line.strip()][-count:]
+    # lines end at a newline only: a "\r" (or another break splitlines takes) stays inside its line, shown
+    # written out where it is printed, so a rank cannot forge a line of its own under another's prefix
+    lines = (line.removesuffix("\r") for line in text.split("\n"))
+    return [line for line in lines if line.strip()][-count:]
 
 
 def read_text(path: Path, limit: int = 1024 * 1024) -> str:
