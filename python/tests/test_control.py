@@ -724,3 +724,18 @@ def test_the_wait_reads_the_status_through_the_no_link_read(tmp_path: Path, inte
     assert f"{expected} 2>/dev/null" in node.commands
     assert not [command for command in node.commands if command.startswith("cat ")]
     assert expected.endswith(" /srv/ddp/node0 jobs/J1/status.json")
+
+
+def test_a_first_node_whose_supervisor_stepped_down_moves_the_wait_to_the_node_that_holds_the_job(
+    tmp_path: Path, interrupt: Path
+) -> None:
+    """The first node was cut from its standby, which won the job's fence: the first node's supervisor
+    stepped down, its status naming the standby's; the wait follows the job there, stopping nothing."""
+    stepped = RUNNING.update(
+        supervisor_node="node1", reason="the supervisor on node0 stepped down: generation 1: 1 of 3 voters"
+    )
+    node = FakeNode([RUNNING, RUNNING, stepped])
+    result, said = follow(tmp_path, node, interrupt, nodes=["node0", "node1", "node2"], first="node0")
+    assert result["moved"] == "node1" and not result.get("failed")
+    assert "job J1: the job's supervisor on node0 stepped down; following the job to node1" in said[-1]
+    assert node.stops() == [] and not Path(tmp_path, "runs", "J1", "status.json").exists()

@@ -167,12 +167,6 @@ def test_the_supervisor_is_alive_while_a_process_of_the_job_runs_as_it(tmp_path:
     assert not standby.supervisor_alive(job)
 
 
-def test_the_owner_mark_is_written_atomically_and_read_back(tmp_path: Path) -> None:
-    subprocess.run(["/bin/sh", "-c", standby.mark_owner(str(tmp_path), "node1")], check=True)
-    assert standby.owner(tmp_path) == "node1"
-    assert standby.owner(tmp_path / "nothing") == ""
-
-
 def test_the_start_command_starts_one_standby_outside_the_jobs_tag() -> None:
     command = standby.start_command("/workspace/jobs/j1", "node0", 25, "/etc/ddp-cluster/env.sh")
     assert command.startswith("pgrep -f 'supervisor[.]standby --job-dir /workspace/jobs/j1 ' >/dev/null ||")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tarfile
 import zipfile
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from ddp_cluster.job.spec import JobSpec, JobSpecError
 from ddp_cluster.job.status import Status
 from ddp_cluster.runtime import checkpoint_names
 from ddp_cluster.server import image_reset
-from ddp_cluster.supervisor import recovery
+from ddp_cluster.supervisor import fence, recovery
 from ddp_cluster.supervisor.failures import Failure, launcher_failure
 from ddp_cluster.supervisor.loop import STATUS_FILE, Supervisor
 from ddp_cluster.supervisor.recovery import ATTEMPTS, BUNDLE, LAUNCHER_LOG, newest_checkpoint
@@ -125,10 +126,13 @@ class Cluster:
         self.given: list[tuple[list[str], bytes]] = []
         self.errors: dict[str, str] = {}  # node -> the exception lines of its ranks' logs
         self.resets: dict[str, str] = {}  # node -> what the reset of its image's start files says there
+        self.fences: dict[str, fence.Held] = {}  # node -> the generation of the job's supervisor it granted
+        self.gone: set[str] = set()  # nodes proven gone (their name no longer resolves)
         self.real_run = supervisor.mesh.run
         monkeypatch.setattr(supervisor.mesh, "probe", self.probe)
         monkeypatch.setattr(supervisor.mesh, "run", self.on_node)
         monkeypatch.setattr(supervisor.mesh, "give", self.distribute)
+        monkeypatch.setattr(supervisor.mesh, "proven_gone", lambda node: node in self.gone)
 
     def probe(self, node: str) -> str:
         return "down" if node in self.down else "up"
@@ -139,6 +143,18 @@ class Cluster:
             return ""
         if command.startswith("pgrep -a"):
             return self.leftover.get(node, "")
+        if f"-m {fence.MODULE} " in command and " --ask " in command:  # the fence's election
+            asked = re.search(r"--ask (\d+) --node (\S+)", command)
+            assert asked is not None, command
+            generation, asker = int(asked.group(1)), asked.group(2)
+            held = self.fences.get(node, fence.Held())
+            if generation > held.generation or (generation == held.generation and asker == held.node):
+                held = self.fences[node] = fence.Held(generation, asker)
+                return json.dumps({"granted": True, "generation": generation, "node": asker}) + "\n"
+            return json.dumps({"granted": False, "generation": held.generation, "node": held.node}) + "\n"
+        if command.startswith("cat ") and fence.RECORD in command and node in self.fences:
+            held = self.fences[node]
+            return json.dumps({"generation": held.generation, "node": held.node}) + "\n"
         if image_reset.SCRIPT in command:  # a spare's image put back before it joins
             return self.resets.get(node, "") + recovery.RESET_RAN + "\n"
         if " --claim " in command and " --here" in command:  # a spare claimed for the job
@@ -159,7 +175,8 @@ class Cluster:
         return None
 
     def asked(self, node: str) -> list[str]:
-        return [command for where, command in self.commands if where == node]
+        """The commands ``node`` was asked, but the fence's election (asserted on its own)."""
+        return [command for where, command in self.commands if where == node and fence.MODULE not in command]
 
 
 @pytest.fixture
@@ -176,6 +193,7 @@ def faked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **changes: Any) -> tu
     job = spec(**(fields | changes))
     supervisor = Supervisor(spec=job, job_dir=job_dir, launcher=job.launch_argv())
     supervisor.mesh.me = "n0"
+    supervisor.holder = True  # as run() has it: the start's supervisor holds the job
     # as run() starts the first attempt
     supervisor.status.write(state="running", nodes=supervisor.nodes, ran_on=supervisor.nodes, max_restarts=1)
     return supervisor, Cluster(supervisor, monkeypatch)
@@ -889,3 +907,70 @@ def test_the_step_of_an_epochs_checkpoint_copy_is_read_or_inferred_from_the_firs
     assert recovery.step_of_copy("epoch-00012.ckpt", known) == 276  # 12 epochs of 23 steps
     assert recovery.step_of_copy("epoch-00012.ckpt", {}) == 0
     assert recovery.step_of_copy("epoch-00012.step-000000270.ckpt", known) == 0
+
+
+# --- one supervisor per job: the fence ---
+
+
+def test_a_first_node_cut_from_its_standby_that_took_the_job_over_steps_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
+    """n0 and n1 cut from each other only: n1 (the standby) won generation 1 on n2 first. n0's restart asks
+    for it too, gets n0 alone (n2 refuses it): no restart, no spare claimed, no file given; it steps down,
+    its status naming n1 as the job's supervisor (the controller follows the job there)."""
+    supervisor, cluster = faked(tmp_path, monkeypatch, nodes=["n0", "n1", "n2"], min_nodes=1)
+    cluster.down = {"n1"}
+    cluster.fences["n2"] = fence.Held(1, "n1")
+    first_attempt(supervisor)
+    failure = lost("n1")
+
+    assert recovery.recover(supervisor, failure, pool) is False
+
+    assert "not restarted here: generation 1: 1 of 3 voters granted it" in failure.reason
+    assert "refused by n2 (holds generation 1 of n1)" in failure.reason
+    assert cluster.given == [] and supervisor.spec.restart == 0
+    assert supervisor.lost_election is not None and supervisor.lost_election.winner() == "n1"
+    assert supervisor.step_down("n1", failure.reason) == 1
+    written = json.loads((supervisor.job_dir / STATUS_FILE).read_text())
+    assert written["supervisor_node"] == "n1" and written["state"] == "running"
+    assert written["reason"].startswith("the supervisor on n0 stepped down: node n1 stopped answering")
+    assert supervisor.outlived  # the claims are the new supervisor's: not released
+
+
+def test_a_restart_won_on_a_majority_guards_every_command_it_sends_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
+    supervisor, cluster = faked(tmp_path, monkeypatch, nodes=["n0", "n1", "n2"], min_nodes=1)
+    cluster.down = {"n1"}
+    first_attempt(supervisor)
+
+    assert recovery.recover(supervisor, lost("n1"), pool) is True
+
+    assert cluster.fences == {"n0": fence.Held(1, "n0"), "n2": fence.Held(1, "n0")}
+    assert supervisor.generation == 1
+    assert "--holds 1 --node n0 && " in supervisor.replicator.guard
+    cluster.commands.clear()
+    supervisor.mesh.sweep(["n0", "n2"], supervisor.tag, pool, guard=supervisor.guard())
+    [(node, command)] = [(node, command) for node, command in cluster.commands if node != "n0"]
+    assert node == "n2" and command.startswith(f"python -m {fence.MODULE} ") and "pkill -TERM" in command
+
+
+def test_a_standby_of_two_nodes_takes_over_only_when_the_first_is_proven_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pool: ThreadPoolExecutor
+) -> None:
+    """Two voters: the standby's own vote is half. Silence of the first node is no proof (a cut between the
+    two leaves the job with its first node); a name that no longer resolves is."""
+    supervisor, cluster = faked(tmp_path, monkeypatch)
+    supervisor.mesh.me, supervisor.holder = "n1", False  # the standby, taking over
+    cluster.down = {"n0"}
+
+    silent = supervisor.elect(pool)
+    assert not silent.won and silent.silent == ["n0"]
+    assert supervisor.stand_down(silent, "n0", pool) == 1
+    written = json.loads((supervisor.job_dir / STATUS_FILE).read_text())
+    assert written["state"] == "failed" and written["supervisor_node"] == "n1"
+    assert "did not take the job over from n0: generation 1: 1 of 2 voters granted it" in written["reason"]
+    assert "add a spare (a third voter)" in written["reason"]
+
+    cluster.gone = {"n0"}
+    assert supervisor.elect(pool).won and supervisor.generation == 1 and supervisor.holder

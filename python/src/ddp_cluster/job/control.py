@@ -352,6 +352,12 @@ class JobControl:
         if status is None or not (status.done or self.first_lost or self.interrupt.exists()):
             # attached; or detach=true while the ranks did not all run yet: follow it as attached
             status = self.wait(self.bound, float(plan["poll"]))
+        if (moved := self.moved(status)) and not self.interrupt.exists():
+            self.say(
+                f"{label}: the job's supervisor on {node} stepped down; following the job to {moved}, which"
+                f" holds it ({status.reason if status else ''})"
+            )
+            return {"changed": False, "moved": moved, "status": status.to_dict() if status else {}}
         if self.first_lost and self.standby(status) and not self.interrupt.exists():
             standby = self.standby(status)
             self.say(
@@ -379,6 +385,13 @@ class JobControl:
             return status.standby
         nodes = [str(node) for node in self.plan.get("nodes") or []]
         return nodes[1] if len(nodes) > 1 and nodes[0] == self.node else ""
+
+    def moved(self, status: Status | None) -> str:
+        """The node that holds the job now, when this node's supervisor stepped down for it (its status
+        names another node's supervisor: supervisor.fence); '' otherwise."""
+        if status is None or status.done or status.supervisor_node in ("", self.node):
+            return ""
+        return status.supervisor_node
 
     def await_takeover(self) -> Status | None:
         """This node (the standby) took the job over: its own status, once it wrote one. None when the bound
@@ -628,6 +641,8 @@ class JobControl:
                     self.say(f"{self.label}: {job_status.describe_restart(record)}")
                 self._shown_restarts = len(status.restarts)
             if until_running and status is not None and status.ranks_running:
+                return status
+            if self.moved(status):  # another node's supervisor holds the job: followed there
                 return status
             if not stopping and (
                 self.interrupt.exists() or self.first_silent(status) or self.supervisor_gone(status)

@@ -65,7 +65,7 @@ from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
 from ddp_cluster.job.status import Status
 from ddp_cluster.runtime import checkpoint_names
-from ddp_cluster.supervisor import drain, recovery, replicas, stall, standby, telemetry
+from ddp_cluster.supervisor import drain, fence, recovery, replicas, stall, standby, telemetry
 from ddp_cluster.supervisor import jobs as node_claims
 from ddp_cluster.supervisor.failures import (
     DEVICE_FAULT,
@@ -179,6 +179,12 @@ class Supervisor:
         self.interrupted = ""  # the reason of a stop asked from the controller
         self.progress_at_restart: Any = None
         self.outlived = False  # another node took this job over while this one was cut off
+        # The fence (supervisor.fence): the generation this supervisor won (0: the start's), whether it holds
+        # the job (the first node from the start; a standby once it won its takeover), and the election it
+        # lost, when it lost one (it then steps down).
+        self.generation = fence.read(self.job_dir).generation
+        self.holder = False
+        self.lost_election: fence.Election | None = None
         self._next_ranks_check = 0.0
         # Every node of the current attempt sampled every telemetry_interval seconds (0: never), in a thread.
         self.telemetry = telemetry.Sampler(
@@ -385,6 +391,8 @@ class Supervisor:
         for folder in (self.job_dir, self.job_dir / "output", self.job_dir / "logs"):
             folder.mkdir(parents=True, exist_ok=True)
         last_words(self.job_dir)
+        self.holder = True  # the start's supervisor holds the job (generation 0) until a newer one wins
+        self.replicator.guard = self.guard()
         try:
             self.status.write(
                 state="running",
@@ -421,11 +429,14 @@ class Supervisor:
         self.status.status = mirrored.update(state="running", pid=os.getpid(), supervisor_node=self.me)
         self.started = self.status.started = time.time() - mirrored.elapsed
         survivors = [node for node in self.nodes if node != first]
-        mark = standby.mark_owner(str(self.job_dir), self.me)
         try:
             with self.pool() as pool:
-                self.mesh.run_on(survivors, mark, pool)
-                self.mesh.sweep(survivors, self.tag, pool)
+                # the job is this node's only once it won the fence on a majority of the job's voters: a first
+                # node that was cut off from this one only keeps it otherwise
+                election = self.elect(pool)
+                if not election.won:
+                    return self.stand_down(election, first, pool)
+                self.mesh.sweep(survivors, self.tag, pool, guard=self.guard())
                 failure = lost_nodes([first])
                 failure.reason = (
                     f"node {first}, the job's first node (its supervisor and rank 0), stopped answering;"
@@ -484,10 +495,9 @@ class Supervisor:
                     )
                     recovery.record_restarts_in_summary(self)
                     return 0
-                if self.superseded(pool):
-                    self.outlived = True
+                if winner := self.superseded(pool):
                     ending = False  # another node took the job over while this one was cut off: touch nothing
-                    return 1
+                    return self.step_down(winner, f"{winner} holds a newer generation of the job")
                 self.stop_everything(process, pool, failure.lost)  # the ranks first, then the watch
             finally:
                 tree.stop(end=ending)
@@ -497,6 +507,10 @@ class Supervisor:
                 if drained:
                     self.restarts[-1]["drained"] = [drained]
                     self.status.write(restarts=self.restarts)
+            elif self.lost_election is not None:  # another supervisor holds the job, or may: step down
+                election = self.lost_election
+                winner = election.winner() or self.status.status.standby
+                return self.step_down(winner, f"{failure.reason}; {election.describe()}")
             else:
                 self.replicator.finish(timeout=REPLICAS_WAIT)
                 answering = [node for node in self.nodes if node not in failure.lost]
@@ -575,18 +589,81 @@ class Supervisor:
         if self.status.status.standby != node:
             self.status.write(standby=node)
 
-    def superseded(self, pool: ThreadPoolExecutor) -> bool:
-        """Whether another node took this job over (its mark on the job's other nodes names another)."""
-        others = [node for node in self.nodes if node != self.me][:2]
-        path = shlex.quote(f"{self.job_dir}/{standby.OWNER}")
+    def guard(self) -> str:
+        """The shell prefix that makes another node refuse this supervisor's command once a newer one holds
+        the job there (supervisor.fence.guard)."""
+        return fence.guard(str(self.job_dir), self.generation, self.me)
+
+    def elect(self, pool: ThreadPoolExecutor) -> fence.Election:
+        """Ask the job's voters for the next generation (supervisor.fence); won, it is this supervisor's."""
+        known = max(self.generation, fence.read(self.job_dir).generation)
+        election = fence.elect(
+            lambda nodes, command: self.mesh.run_on(nodes, command, pool),
+            str(self.job_dir),
+            self.me,
+            known + 1,
+            fence.voters(self.spec.nodes, self.spec.spares),
+            self.holder,
+            self.mesh.proven_gone,
+        )
+        verdict = "won" if election.won else "lost"
+        print(f"fence of job {self.spec.id}: {election.describe()}: {verdict}", file=sys.stderr, flush=True)
+        if election.won:
+            self.generation, self.holder = election.generation, True
+            self.replicator.guard = self.guard()
+        else:
+            self.lost_election = election
+        return election
+
+    def superseded(self, pool: ThreadPoolExecutor) -> str:
+        """The node that holds a newer generation of the job than this supervisor, by the fence's record on
+        the job's other voters that answer ('' when none does)."""
+        others = [node for node in fence.voters(self.spec.nodes, self.spec.spares) if node != self.me]
+        path = shlex.quote(f"{self.job_dir}/{fence.RECORD}")
         for text in pool.map(lambda node: self.mesh.run(node, f"cat {path} 2>/dev/null"), others):
             try:
-                owner = json.loads(text).get("node") if text.strip() else ""
-            except (ValueError, AttributeError):
-                owner = ""
-            if owner and owner != self.me:
-                return True
-        return False
+                found = json.loads(text) if text.strip() else {}
+            except ValueError:
+                continue
+            if not isinstance(found, dict):
+                continue
+            generation, node = found.get("generation"), str(found.get("node") or "")
+            if isinstance(generation, int) and node and node != self.me and generation > self.generation:
+                return node
+        return ""
+
+    def step_down(self, winner: str, why: str) -> int:
+        """Another supervisor holds the job (``winner``), or may: this one's ranks here are stopped (by the
+        caller), nothing else is touched, the status says whose the job is (the controller follows it there)
+        and the job's claims are left to it."""
+        self.outlived = True
+        said = f"the supervisor on {self.me} stepped down: {why}"
+        print(said, file=sys.stderr, flush=True)
+        if winner and winner != self.me:
+            self.status.write(supervisor_node=winner, standby=winner, ranks_running=False, reason=said)
+        else:
+            self.status.write(state="failed", reason=f"{said}; no other node is known to hold the job")
+        return 1
+
+    def stand_down(self, election: fence.Election, first: str, pool: ThreadPoolExecutor) -> int:
+        """This standby lost its takeover: its first node (or another) holds the job. Its own ranks are
+        stopped; its status says why (what the controller reads when it follows the job here)."""
+        self.outlived = True
+        self.mesh.sweep([self.me], self.tag, pool)
+        two = len(election.voters) == 2
+        reason = (
+            f"{self.me}, the job's standby, did not take the job over from {first}: {election.describe()}"
+            + (
+                f"; with two voters the standby takes the job over only when {first} is proven gone (its"
+                " name or address no longer answers), never on silence alone: add a spare (a third voter)"
+                " to the inventory for a job of two nodes to survive its first node's silence"
+                if two and not election.refused
+                else ""
+            )
+        )
+        print(reason, file=sys.stderr, flush=True)
+        self.status.write(state="failed", reason=reason, supervisor_node=self.me)
+        return 1
 
     def cannot_write(self, error: StatusWriteError) -> int:
         """status.json cannot be written: every rank stopped, the last words left where the controller reads
@@ -674,7 +751,7 @@ class Supervisor:
                 process.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 continue
-        self.mesh.sweep([node for node in self.nodes if node not in lost], self.tag, pool)
+        self.mesh.sweep([node for node in self.nodes if node not in lost], self.tag, pool, guard=self.guard())
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

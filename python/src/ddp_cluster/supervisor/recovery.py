@@ -138,6 +138,13 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
             f" (lost before: {', '.join(lost_before) or 'none'})"
         )
         return False
+    # the restart is this supervisor's only once it won the next generation on a majority of the job's voters
+    # (supervisor.fence): a standby that took the job over meanwhile, or a first node cut off from this one
+    # only, keeps it otherwise
+    election = supervisor.elect(pool)
+    if not election.won:
+        failure.reason += f"; not restarted here: {election.describe()}"
+        return False
     others = [node for node in supervisor.nodes if node != supervisor.me and node not in failure.lost]
     down = set(failure.lost) | set(mesh.down_now(others, pool))
     healthy = [node for node in supervisor.nodes if node not in down]

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 from ddp_cluster.job import node_jobs
 from ddp_cluster.supervisor import tree
 from ddp_cluster.supervisor.failures import Failure
+from ddp_cluster.supervisor.fence import GONE_SIGNS
 from ddp_cluster.supervisor.liveness import probe_verdict
 
 # ssh's option that keeps a command off the mesh's shared connection: a verdict on a node needs its own login.
@@ -102,6 +103,23 @@ class Mesh:
         if verdict == "down":
             self.drop(node)
         return verdict
+
+    def proven_gone(self, node: str) -> bool:
+        """Whether ``node`` is proven gone, not merely silent: a fresh login says its name no longer resolves
+        or its address does not route (supervisor.fence.GONE_SIGNS); never on a timeout."""
+        if node == self.me:
+            return False
+        try:
+            done = subprocess.run(
+                [*self.ssh(node, *FRESH, "-o", "LogLevel=INFO"), "true"],
+                capture_output=True,
+                text=True,
+                timeout=self.ssh_timeout + 5,
+                check=False,
+            )
+        except (subprocess.TimeoutExpired, OSError):
+            return False
+        return done.returncode != 0 and any(sign in done.stderr for sign in GONE_SIGNS)
 
     def drop(self, node: str) -> None:
         """End the shared connection to ``node`` (its ControlMaster), if there is one: a command on the
@@ -199,16 +217,31 @@ class Mesh:
             return self.tree
 
     def sweep(
-        self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor, grace: float = STOP_GRACE
+        self,
+        nodes: Sequence[str],
+        tag: str,
+        pool: ThreadPoolExecutor,
+        grace: float = STOP_GRACE,
+        guard: str = "",
     ) -> None:
         """Stop the processes whose command lines hold ``tag`` on ``nodes``: one TERM sweep of every node, one
         grace for all, then a KILL sweep of the nodes where something was left. The grace is paid once (not
-        once per node, pool threads at a time), and not at all when nothing was left."""
-        found = self.run_on(nodes, f"pkill -TERM -f -- {shlex.quote(pattern(tag))} && echo left; true", pool)
+        once per node, pool threads at a time), and not at all when nothing was left. ``guard``: a shell
+        prefix (:func:`ddp_cluster.supervisor.fence.guard`) the other nodes run first: a node where a newer
+        supervisor holds the job keeps its processes."""
+        term = f"pkill -TERM -f -- {shlex.quote(pattern(tag))} && echo left; true"
+        kill = f"pkill -KILL -f -- {shlex.quote(pattern(tag))}; true"
+        if guard and self.me in nodes:  # this node is the sender's own: no guard
+            found = self.run_on([self.me], term, pool)
+            found.update(
+                self.run_on([node for node in nodes if node != self.me], f"{guard}{{ {term}; }}", pool)
+            )
+        else:
+            found = self.run_on(nodes, f"{guard}{{ {term}; }}" if guard else term, pool)
         left = [node for node, out in found.items() if "left" in out]
         if left:
             time.sleep(grace)
-            self.run_on(left, f"pkill -KILL -f -- {shlex.quote(pattern(tag))}; true", pool)
+            self.run_on(left, kill, pool)
 
     def leftover(self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor) -> dict[str, str]:
         """Node -> the processes whose command lines hold ``tag`` there (the nodes with none left out)."""

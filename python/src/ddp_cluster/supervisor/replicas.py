@@ -210,6 +210,9 @@ class Replicator:
         self.node_env = node_env
         self.retry_first = retry_first
         self.settle = settle
+        # The supervisor's fence (supervisor.fence.guard): a node where a newer supervisor holds the job
+        # refuses this one's copies and prunes.
+        self.guard = ""
         self.lock = threading.Lock()
         self.places: list[Place] = []
         if checkpoint_dir:
@@ -449,7 +452,7 @@ class Replicator:
         """A shell command run in the parent of the job's directory (see the module on why)."""
         env = f". {self.node_env} && " if self.node_env else ""
         parent = shlex.quote(str(self.job_dir.parent))
-        return f"{env}mkdir -p {parent} && cd {parent} && {tail}"
+        return f"{env}{self.guard}mkdir -p {parent} && cd {parent} && {tail}"
 
     def relative(self, name: str = "") -> str:
         folder = f"{self.job_dir.name}/output/{FOLDER}"

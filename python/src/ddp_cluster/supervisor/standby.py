@@ -10,12 +10,14 @@ whose standby went silent ends). Its verdicts (:meth:`Standby.step`):
 - the supervisor is ``gone`` while its node answers (killed, crashed): every rank on every node is stopped
   (the controller names the dead supervisor and its last words) and the standby ends;
 - the first node is unheard for ``liveness_timeout`` seconds (killed, cut off, frozen) and a last direct probe
-  does not log in: the standby **takes the job over**. It marks every surviving node as its own (``JOB/
-  supervisor.json``: a first node that thaws later sees it was superseded and touches nothing) and becomes
-  the supervisor in place (``exec python -m ddp_cluster.supervise --took-over-from NODE --job-dir JOB``),
-  which stops what is left of the attempt, restarts on the survivors (rank 0 and the master address move
-  here) from the newest verified checkpoint copy, takes a spare or shrinks within min_nodes, and without
-  max_restarts ends the job cleanly, every rank stopped and the copies kept.
+  does not log in: the standby **takes the job over**, if it can. It becomes the supervisor in place (``exec
+  python -m ddp_cluster.supervise --took-over-from NODE --job-dir JOB``), which first asks the job's voters
+  for the next generation of its supervisor (:mod:`ddp_cluster.supervisor.fence`: a majority, or proof that
+  the silent first node is gone; a first node that was only cut off from this one keeps the job otherwise,
+  and one that thaws later finds it superseded and steps down). Won, it stops what is left of the attempt,
+  restarts on the survivors (rank 0 and the master address move here) from the newest verified checkpoint
+  copy, takes a spare or shrinks within min_nodes, and without max_restarts ends the job cleanly, every rank
+  stopped and the copies kept.
 
 Why a standby process and not the liveness tree: the takeover needs the job's last status (progress, the
 restarts so far) at the moment of the loss, and a single, known node to act, so that two survivors never both
@@ -48,8 +50,6 @@ from ddp_cluster.job import node_jobs
 from ddp_cluster.job import status as job_status
 
 FOLDER = "standby"
-# Which supervisor owns the job, on each of its nodes (written by a takeover): {"node": ..., "at": ...}.
-OWNER = "supervisor.json"
 LOG = "standby.log"
 EVERY = 1.0  # seconds between the reporter's lines and the standby's pings
 
@@ -282,22 +282,6 @@ class Standby:
             return verdict
         finally:
             self.close()
-
-
-def mark_owner(job_dir: str, node: str) -> str:
-    """The shell command that records ``node`` as the job's supervisor on a node."""
-    data = json.dumps({"node": node, "at": round(time.time(), 3)})
-    path = shlex.quote(f"{job_dir.rstrip('/')}/{OWNER}")
-    return f"printf '%s\\n' {shlex.quote(data)} > {path}.tmp && mv -f {path}.tmp {path}"
-
-
-def owner(job_dir: Path) -> str:
-    """The node that owns the job by the mark on this node ('' when none was written)."""
-    try:
-        data = json.loads((job_dir / OWNER).read_text())
-    except (OSError, ValueError):
-        return ""
-    return str(data.get("node") or "") if isinstance(data, dict) else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
