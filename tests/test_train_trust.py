@@ -201,6 +201,62 @@ def test_a_frozen_node_is_lost_within_liveness_timeout_and_the_job_finishes_on_t
     wait_for("node1's ranks stopped after the thaw", lambda: processes("node1", job) == "", 60)
 
 
+def supervisors(job: str) -> dict[str, int]:
+    """How many supervisors of ``job`` run on each node (the start's, or a standby's that took it over)."""
+    pattern = f"ddp_cluster[.]supervise .*--job-dir /workspace/jobs/{job}$"
+    found = {}
+    for node in ("node0", "node1", "node2"):
+        out = node_exec(node, f"pgrep -fc '{pattern}' || true", check=False).stdout.strip()
+        found[node] = int(out) if out.isdigit() else 0
+    return found
+
+
+def cut(node: str, other: str, undo: bool = False) -> None:
+    """Drop every packet between ``node`` and ``other`` in ``node``'s network namespace (both directions);
+    ``undo`` takes the rules out again."""
+    pid = docker("inspect", "-f", "{{.State.Pid}}", node).stdout.strip()
+    address = docker(
+        "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", other
+    ).stdout.strip()
+    for chain, side in (("INPUT", "-s"), ("OUTPUT", "-d")):
+        rule = ["-D" if undo else "-I", chain, side, address, "-j", "DROP"]
+        subprocess.run(["nsenter", "-t", pid, "-n", "iptables", *rule], check=not undo, capture_output=True)
+
+
+def test_two_nodes_cut_from_each_other_leave_one_supervisor_and_the_job_ends_once() -> None:
+    """node0 (the supervisor) and node1 (its standby) cannot reach each other, both still reach node2: each
+    takes the other for lost; the fence gives the job to one of them (node2's vote), the other steps down.
+    Within 60 s one supervisor of the job runs, and the job ends once, restarted once, on two nodes."""
+    job = job_id("cut")
+    extra = ("-e", "nodes=3", "-e", "max_restarts=1", "-e", "min_nodes=2", "-e", "liveness_timeout=20")
+    proc = start(job, LONG, *extra)
+    try:
+        wait_for("step 1000", lambda: past(proc, job, 1000))
+        wait_for("a checkpoint copy on node1", lambda: replicated(job), 60)
+        cut("node0", "node1")
+        cut_at = time.monotonic()
+        time.sleep(60)
+        running = supervisors(job)
+        print(f"supervisors 60 s after the cut: {running}")
+        assert sum(running.values()) <= 1, running
+        output = finish(proc, 400)
+    finally:
+        cut("node0", "node1", undo=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"the job ended {time.monotonic() - cut_at:.0f} s after the cut")
+    assert proc.returncode == 0, output[-6000:]
+    status = json.loads((RUNS / job / "status.json").read_text())
+    assert status["state"] == "succeeded", status
+    [restart] = status["restarts"]
+    assert len(restart["nodes_after"]) == 2 and "node2" in restart["nodes_after"], restart
+    kept = status["supervisor_node"]
+    assert kept in ("node0", "node1") and kept in restart["nodes_after"], status
+    summaries = output.count(f"job {job}: succeeded")
+    assert summaries <= 1, output[-6000:]
+    assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 2
+
+
 def test_a_killed_supervisor_fails_the_job_within_seconds_and_leaves_no_rank() -> None:
     job = job_id("nosupervisor")
     proc = start(job, LONG)

@@ -496,7 +496,10 @@ class Supervisor:
                     recovery.record_restarts_in_summary(self)
                     return 0
                 if winner := self.superseded(pool):
-                    ending = False  # another node took the job over while this one was cut off: touch nothing
+                    # another node took the job over while this one was cut off: this node's ranks stopped,
+                    # nothing touched elsewhere (the other nodes are the new supervisor's)
+                    ending = False
+                    self.stop_everything(process, pool, [node for node in self.nodes if node != self.me])
                     return self.step_down(winner, f"{winner} holds a newer generation of the job")
                 self.stop_everything(process, pool, failure.lost)  # the ranks first, then the watch
             finally:
