@@ -30,6 +30,7 @@ from ddp_cluster.runtime import checkpoint_names
 from ddp_cluster.server import image_reset
 from ddp_cluster.supervisor import fence, recovery
 from ddp_cluster.supervisor.failures import Failure, launcher_failure
+from ddp_cluster.supervisor.jobs import ENDED
 from ddp_cluster.supervisor.loop import STATUS_FILE, Supervisor
 from ddp_cluster.supervisor.recovery import ATTEMPTS, BUNDLE, LAUNCHER_LOG, newest_checkpoint
 
@@ -934,7 +935,9 @@ def test_a_first_node_cut_from_its_standby_that_took_the_job_over_steps_down(
     written = json.loads((supervisor.job_dir / STATUS_FILE).read_text())
     assert written["supervisor_node"] == "n1" and written["state"] == "running"
     assert written["reason"].startswith("the supervisor on n0 stepped down: node n1 stopped answering")
-    assert supervisor.outlived  # the claims are the new supervisor's: not released
+    assert supervisor.outlived  # the other nodes' claims are the new supervisor's: not released
+    # this node is out of the job: its end is recorded here, so the next job may take it at once
+    assert (supervisor.job_dir / ENDED).is_file()
 
 
 def test_a_restart_won_on_a_majority_guards_every_command_it_sends_after(

@@ -513,7 +513,7 @@ class Supervisor:
             elif self.lost_election is not None:  # another supervisor holds the job, or may: step down
                 election = self.lost_election
                 winner = election.winner() or self.status.status.standby
-                return self.step_down(winner, f"{failure.reason}; {election.describe()}")
+                return self.step_down(winner, failure.reason)  # the reason names the election
             else:
                 self.replicator.finish(timeout=REPLICAS_WAIT)
                 answering = [node for node in self.nodes if node not in failure.lost]
@@ -642,17 +642,26 @@ class Supervisor:
         self.outlived = True
         said = f"the supervisor on {self.me} stepped down: {why}"
         print(said, file=sys.stderr, flush=True)
+        self.leave_job_here()
         if winner and winner != self.me:
             self.status.write(supervisor_node=winner, standby=winner, ranks_running=False, reason=said)
         else:
             self.status.write(state="failed", reason=f"{said}; no other node is known to hold the job")
         return 1
 
+    def leave_job_here(self) -> None:
+        """This node is out of the job (its supervisor lost the fence: the job, wherever it goes on, goes on
+        without it): its claim released and the job's end recorded here, so that the next job may take the
+        node at once and what is left of this job here is a stray."""
+        with contextlib.suppress(Exception):
+            node_claims.release(node_jobs.jobs_dir(str(self.job_dir)), self.spec.id, ended=True)
+
     def stand_down(self, election: fence.Election, first: str, pool: ThreadPoolExecutor) -> int:
         """This standby lost its takeover: its first node (or another) holds the job. Its own ranks are
         stopped; its status says why (what the controller reads when it follows the job here)."""
         self.outlived = True
         self.mesh.sweep([self.me], self.tag, pool)
+        self.leave_job_here()
         two = len(election.voters) == 2
         reason = (
             f"{self.me}, the job's standby, did not take the job over from {first}: {election.describe()}"
