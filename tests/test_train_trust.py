@@ -261,6 +261,28 @@ def test_two_nodes_cut_from_each_other_leave_one_supervisor_and_the_job_ends_onc
     assert listed.rc == 0 and f"{loser}: free" in listed.stdout, listed.stdout[-3000:]
 
 
+def test_a_first_node_paused_shorter_than_liveness_timeout_is_followed_to_its_end() -> None:
+    """The controller's calls to the first node fail for a while (node0's container paused 15 s, shorter than
+    liveness_timeout): nothing is taken for lost, nothing restarts, train.yml follows the job to its end."""
+    job = job_id("blink")
+    extra = ("-e", "max_restarts=1", "-e", "liveness_timeout=40")
+    proc = start(job, LONG.replace("--epochs 200", "--epochs 600"), *extra)
+    try:
+        wait_for("step 1000", lambda: past(proc, job, 1000))
+        docker("pause", "node0")
+        time.sleep(15)
+        docker("unpause", "node0")
+        output = finish(proc, 300)
+    finally:
+        docker("unpause", "node0", check=False)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-6000:]
+    status = json.loads((RUNS / job / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["restarts"] == [], status
+    assert status["supervisor_node"] == "node0" and "is gone" not in output, output[-4000:]
+
+
 def test_a_killed_supervisor_fails_the_job_within_seconds_and_leaves_no_rank() -> None:
     job = job_id("nosupervisor")
     proc = start(job, LONG)
