@@ -82,7 +82,8 @@ def test_a_key_a_job_leaves_in_roots_home_lets_nobody_in(host):
     host.run("ssh-keygen -q -t ed25519 -N '' -f /tmp/job-key")
     try:
         host.run("install -m 0600 /tmp/job-key.pub /root/.ssh/authorized_keys")
-        options = f"{FRESH} -p 2222 -i /tmp/job-key -o IdentitiesOnly=yes -o BatchMode=yes"
+        # no ssh_config (-F /dev/null): the job's key alone is offered, not the cluster key the config names
+        options = f"-F /dev/null {FRESH} -p 2222 -i /tmp/job-key -o IdentitiesOnly=yes -o BatchMode=yes"
         options += " -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
         login = host.run(f"ssh {options} root@mesh0 true")
         assert login.rc != 0 and "Permission denied" in login.stderr

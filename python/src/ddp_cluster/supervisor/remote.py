@@ -42,6 +42,8 @@ COMMAND_TIMEOUT = 30
 # Sweeps of more nodes than this go down the tree: the local clusters (2-40 nodes) keep one ssh per node (a
 # session each on the shared connections); past it, POOL-wide rounds of sessions from one node add up.
 TREE_ABOVE = 64
+# Seconds a login that would prove a node gone may take to connect (proven_gone).
+GONE_WAIT = 10
 
 
 def pattern(tag: str) -> str:
@@ -109,13 +111,12 @@ class Mesh:
         or its address does not route (supervisor.fence.GONE_SIGNS); never on a timeout."""
         if node == self.me:
             return False
+        # a connect bound long enough for the address's neighbour lookup to fail (about 3 s) before it ends
+        argv = ["ssh", "-o", f"ConnectTimeout={GONE_WAIT}", "-o", "BatchMode=yes", *FRESH]
+        argv += ["-o", "LogLevel=INFO"]
         try:
             done = subprocess.run(
-                [*self.ssh(node, *FRESH, "-o", "LogLevel=INFO"), "true"],
-                capture_output=True,
-                text=True,
-                timeout=self.ssh_timeout + 5,
-                check=False,
+                [*argv, node, "true"], capture_output=True, text=True, timeout=GONE_WAIT + 5, check=False
             )
         except (subprocess.TimeoutExpired, OSError):
             return False
