@@ -218,6 +218,33 @@ def test_the_places_of_a_python_are_its_site_directories_and_standard_library() 
     assert paths["/root/.bashrc"] == "file" and paths["/etc/ddp-cluster"] == "tree"
 
 
+def test_the_working_directory_an_empty_pythonpath_entry_adds_is_no_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A base image's ``PYTHONPATH=/opt/x:$PYTHONPATH`` (CANN's set_env.sh) ends in an empty entry: the
+    build's working directory (/workspace, where the jobs live) is on its sys.path, and is never a place."""
+    extra = tmp_path / "toolkit"
+    extra.mkdir()
+    monkeypatch.setenv("PYTHONPATH", f"{extra}:")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(image_reset, "NOT_IMAGE", ("/workspace",))  # the test's directories are under /tmp
+    paths = {place.path for place in image_reset.default_places(sys.executable)}
+    assert str(extra) in paths
+    assert str(tmp_path) not in paths and not any(path.startswith("/tmp/ddp-reset-") for path in paths)
+
+
+def test_a_jobs_workspace_in_the_manifest_is_never_reset(image: tuple[Path, Path]) -> None:
+    """An older image's manifest that holds /workspace (its build's working directory): the jobs' data there
+    is never removed."""
+    root, home = image
+    manifest = image_reset.load(str(home))
+    manifest["places"].append(["/workspace", "top"])
+    put(root, "/workspace/jobs/a/output/model.pt", "weights")
+    outcome = image_reset.reset(manifest, str(root), str(home))
+    assert outcome == image_reset.Outcome([], [])
+    assert (root / "workspace/jobs/a/output/model.pt").read_text() == "weights"
+
+
 def test_the_reset_runs_without_what_a_job_left_for_python(image: tuple[Path, Path], tmp_path: Path) -> None:
     """As the node runs it (-I -S): a sitecustomize on PYTHONPATH does not run in the reset itself."""
     root, home = image

@@ -111,6 +111,9 @@ SSHD_NODE_CONF = "/etc/ssh/sshd_config.d/10-ddp-cluster.conf"
 # and this file is read first) would change how the node lets logins in.
 SSHD_NODE_KEYWORDS = ("port", "listenaddress", "hostkey")
 CHUNK = 1 << 20
+# Directories that are never the image's start files, whatever a Python's path says: the jobs' workspace and
+# the temporary directories (a reset there would remove a job's data).
+NOT_IMAGE = ("/workspace", "/tmp", "/var/tmp", "/dev", "/proc", "/sys")
 # The fix of what a reset cannot put back: a container made anew from the image (site.yml makes one).
 RECREATE = (
     "Recreate the node's container from the image: on its server `docker rm -f NODE`, then"
@@ -193,9 +196,14 @@ def default_places(python: str = PYTHON) -> list[Place]:
         " 'user': site.getusersitepackages(), 'stdlib': sysconfig.get_path('stdlib'),"
         " 'path': [p for p in sys.path if p]}))"
     )
+    # Asked from an empty directory of its own: an empty PYTHONPATH entry (``...:$PYTHONPATH`` with none set)
+    # puts the working directory on sys.path, and the build's (``/workspace``, where jobs live) is no place of
+    # the image's; that directory is dropped from the answer.
     try:
-        done = subprocess.run([python, "-c", asked], capture_output=True, text=True, check=True)
-        found = json.loads(done.stdout)
+        with tempfile.TemporaryDirectory(prefix="ddp-reset-") as here:
+            done = subprocess.run([python, "-c", asked], capture_output=True, text=True, check=True, cwd=here)
+            found = json.loads(done.stdout)
+            found["path"] = [path for path in found["path"] if os.path.realpath(path) != os.path.realpath(here)]
     except (OSError, subprocess.CalledProcessError, ValueError) as error:
         raise ResetError(f"{python} could not say where it reads its start files: {error}") from error
     places = [Place(path, "file") for path in SHELL_FILES] + [Place(path, "tree") for path in SHELL_TREES]
@@ -208,6 +216,8 @@ def default_places(python: str = PYTHON) -> list[Place]:
     directories = [*found["site"], found["user"], *found["path"]]
     for directory in dict.fromkeys(os.path.realpath(item) for item in directories):
         if directory == stdlib or not directory.startswith("/") or directory.endswith(".zip"):
+            continue
+        if never_image(directory):
             continue
         places += [Place(directory, "top"), Place(directory + "/__pycache__", "tree")]
     return places
@@ -269,6 +279,11 @@ def load(home: str = HOME) -> dict[str, Any]:
     return manifest
 
 
+def never_image(path: str) -> bool:
+    """Whether ``path`` is ``/`` or under :data:`NOT_IMAGE` (never a place of the manifest's)."""
+    return path == "/" or any(path == kept or path.startswith(kept + "/") for kept in NOT_IMAGE)
+
+
 def node_owned(path: str) -> bool:
     return any(path == owned or path.startswith(owned + "/") for owned in NODE_OWNED)
 
@@ -289,6 +304,8 @@ def differs(want: dict[str, Any], have: dict[str, Any] | None) -> str:
 
 
 def remove(path: str) -> None:
+    if os.path.ismount(path):
+        raise ResetError(f"{path} is a mount point, not the image's: it is left as it is. {RECREATE}")
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path)
     else:
@@ -355,6 +372,7 @@ def reset(manifest: dict[str, Any], root: str = "/", home: str = HOME, check: bo
     undone: list[str] = []
     refused: list[str] = []
     places = [Place(str(place[0]), str(place[1])) for place in manifest["places"]]
+    places = [place for place in places if not never_image(place.path)]
     # Parents first (a directory put back before the files in it); a place inside another is its own.
     for place in sorted(places, key=lambda place: place.path):
         inner = [other for other in places if other.path != place.path and within(other.path, place)]
