@@ -195,7 +195,10 @@ def test_recording_with_add_joins_the_packages_source(image: tuple[Path, Path]) 
     root, home = image
     put(root, "/opt/ddp_cluster/src/ddp_cluster/__init__.py", "")
     image_reset.record([Place("/opt/ddp_cluster/src", "tree")], str(root), str(home), add=True)
-    manifest = json.loads((home / "manifest.json").read_text())
+    added = json.loads((home / image_reset.ADDED).read_text())
+    assert list(added["entries"]) == ["/opt/ddp_cluster/src", "/opt/ddp_cluster/src/ddp_cluster",
+                                      "/opt/ddp_cluster/src/ddp_cluster/__init__.py"]  # fmt: skip
+    manifest = image_reset.load(str(home))
     assert "/opt/ddp_cluster/src/ddp_cluster/__init__.py" in manifest["entries"]
     assert "/etc/ddp-cluster/env.sh" in manifest["entries"]
     put(root, "/opt/ddp_cluster/src/ddp_cluster/runtime/secrets.py", "steal\n")

@@ -55,6 +55,8 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 HOME = "/usr/lib/ddp-cluster/image"
 MANIFEST = HOME + "/manifest.json"
+# What `record --add` writes (the package's source, the image's last layer), joined to the manifest by load.
+ADDED = "added.json"
 COPIES = HOME + "/files"
 # Where the image keeps this file (the Dockerfile copies it there before the package's own layer).
 SCRIPT = "/usr/lib/ddp-cluster/image_reset.py"
@@ -225,8 +227,10 @@ def default_places(python: str = PYTHON) -> list[Place]:
 
 def record(places: Sequence[Place], root: str = "/", home: str = HOME, add: bool = False) -> dict[str, Any]:
     """The manifest of ``places`` under ``root`` written to ``home`` (manifest.json, and each file copied
-    under files/); with ``add``, joined to the manifest there. Returns the manifest."""
-    manifest_path = os.path.join(home, "manifest.json")
+    under files/); with ``add``, to its own file there (:data:`ADDED`, joined to it if it exists), which
+    :func:`load` joins to the manifest: the image's last layer (the package's source) holds it, and nothing
+    of the layers before. Returns what was written."""
+    manifest_path = os.path.join(home, ADDED if add else "manifest.json")
     manifest: dict[str, Any] = {"places": [], "entries": {}}
     if add and os.path.exists(manifest_path):
         with open(manifest_path, encoding="utf-8") as handle:
@@ -264,18 +268,25 @@ def write_text(path: str, text: str, mode: int) -> None:
 
 
 def load(home: str = HOME) -> dict[str, Any]:
-    """The image's manifest; ResetError when it is missing or unreadable."""
-    path = os.path.join(home, "manifest.json")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            manifest: dict[str, Any] = json.load(handle)
-        if not isinstance(manifest.get("places"), list) or not isinstance(manifest.get("entries"), dict):
-            raise ValueError("no places or entries")
-    except (OSError, ValueError, AttributeError) as error:
-        raise ResetError(
-            f"the image's manifest {path} cannot be read ({error}): this node's start files cannot be"
-            f" checked. {RECREATE}"
-        ) from error
+    """The image's manifest, with what ``record --add`` wrote joined to it; ResetError when it is missing or
+    unreadable."""
+    manifest: dict[str, Any] = {"places": [], "entries": {}}
+    for name in ("manifest.json", ADDED):
+        path = os.path.join(home, name)
+        if name == ADDED and not os.path.lexists(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = json.load(handle)
+            if not isinstance(found.get("places"), list) or not isinstance(found.get("entries"), dict):
+                raise ValueError("no places or entries")
+        except (OSError, ValueError, AttributeError) as error:
+            raise ResetError(
+                f"the image's manifest {path} cannot be read ({error}): this node's start files cannot be"
+                f" checked. {RECREATE}"
+            ) from error
+        manifest["places"] += found["places"]
+        manifest["entries"].update(found["entries"])
     return manifest
 
 

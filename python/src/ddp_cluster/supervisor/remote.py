@@ -42,8 +42,12 @@ COMMAND_TIMEOUT = 30
 # Sweeps of more nodes than this go down the tree: the local clusters (2-40 nodes) keep one ssh per node (a
 # session each on the shared connections); past it, POOL-wide rounds of sessions from one node add up.
 TREE_ABOVE = 64
-# Seconds a login that would prove a node gone may take to connect (proven_gone).
+# Seconds a login that would prove a node gone may take to connect (proven_gone), and how long such logins
+# are tried again: a server that died moments ago keeps its neighbour entry (its MAC) on the others for up to
+# the kernel's reachable time (15-45 s), then 5 s of delay and 3 s of probes; until then a login to it times
+# out (silence, no proof) rather than failing with 'No route to host'.
 GONE_WAIT = 10
+GONE_WITHIN = 60.0
 
 
 def pattern(tag: str) -> str:
@@ -111,16 +115,25 @@ class Mesh:
         or its address does not route (supervisor.fence.GONE_SIGNS); never on a timeout."""
         if node == self.me:
             return False
-        # a connect bound long enough for the address's neighbour lookup to fail (about 3 s) before it ends
-        argv = ["ssh", "-o", f"ConnectTimeout={GONE_WAIT}", "-o", "BatchMode=yes", *FRESH]
-        argv += ["-o", "LogLevel=INFO"]
-        try:
-            done = subprocess.run(
-                [*argv, node, "true"], capture_output=True, text=True, timeout=GONE_WAIT + 5, check=False
-            )
-        except (subprocess.TimeoutExpired, OSError):
-            return False
-        return done.returncode != 0 and any(sign in done.stderr for sign in GONE_SIGNS)
+        # a connect bound long enough for the address's neighbour lookup to fail (about 3 s) before it ends;
+        # tried again while it only times out, until GONE_WITHIN (see there)
+        argv = [*self.ssh(node, *FRESH, "-o", "LogLevel=INFO"), "true"]
+        argv[argv.index(f"ConnectTimeout={self.ssh_timeout}")] = f"ConnectTimeout={GONE_WAIT}"
+        deadline = time.monotonic() + GONE_WITHIN
+        while True:
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=GONE_WAIT + 5, check=False)
+            except OSError:
+                return False
+            except subprocess.TimeoutExpired:
+                done = None
+            if done is not None and any(sign in done.stderr for sign in GONE_SIGNS):
+                return done.returncode != 0
+            if done is not None and "timed out" not in done.stderr:
+                return False  # it answered (or refused the login): not gone
+            if time.monotonic() + GONE_WAIT > deadline:
+                return False
+            time.sleep(1)
 
     def drop(self, node: str) -> None:
         """End the shared connection to ``node`` (its ControlMaster), if there is one: a command on the
