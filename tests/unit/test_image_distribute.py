@@ -561,8 +561,11 @@ def test_the_image_build_gets_no_pip_argument_and_the_image_keeps_no_build_secre
     }
     assert not re.search(r"^LABEL\b", dockerfile, re.MULTILINE)
     # The wheelhouse stage's files (the requirements, the wheels) stay in that stage: the node image copies
-    # the venv alone from it.
-    assert re.findall(r"^COPY --from=(\w+) (\S+)", dockerfile, re.MULTILINE) == [("deps", "/opt/venv")]
+    # the venv alone from it; from the code stage, the package's layer alone (its source, bytecode, manifest).
+    assert re.findall(r"^COPY --from=(\w+) (\S+)", dockerfile, re.MULTILINE) == [
+        ("deps", "/opt/venv"),
+        ("code", "/layer/"),
+    ]
 
 
 def test_what_passes_is_tried_again_and_a_wrong_image_never() -> None:

@@ -205,7 +205,8 @@ def default_places(python: str = PYTHON) -> list[Place]:
         with tempfile.TemporaryDirectory(prefix="ddp-reset-") as here:
             done = subprocess.run([python, "-c", asked], capture_output=True, text=True, check=True, cwd=here)
             found = json.loads(done.stdout)
-            found["path"] = [path for path in found["path"] if os.path.realpath(path) != os.path.realpath(here)]
+            own = os.path.realpath(here)
+            found["path"] = [item for item in found["path"] if os.path.realpath(item) != own]
     except (OSError, subprocess.CalledProcessError, ValueError) as error:
         raise ResetError(f"{python} could not say where it reads its start files: {error}") from error
     places = [Place(path, "file") for path in SHELL_FILES] + [Place(path, "tree") for path in SHELL_TREES]

@@ -122,7 +122,9 @@ class Mesh:
         deadline = time.monotonic() + GONE_WITHIN
         while True:
             try:
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=GONE_WAIT + 5, check=False)
+                done = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=GONE_WAIT + 5, check=False
+                )
             except OSError:
                 return False
             except subprocess.TimeoutExpired:
