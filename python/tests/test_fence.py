@@ -153,3 +153,19 @@ def test_an_election_asks_every_voter_once_and_reads_their_answers() -> None:
         "generation 3: 2 of 5 voters granted it; refused by n2 (holds generation 3 of n0);"
         " no answer from n3, n4"
     )
+
+
+def test_a_voter_taken_for_lost_is_silent_without_being_asked() -> None:
+    """A frozen node would hold the asker until its command's bound: the lost are counted silent, unasked."""
+    asked: list[list[str]] = []
+
+    def run_on(nodes: list[str], command: str) -> dict[str, str]:
+        asked.append(list(nodes))
+        return {node: '{"granted":true,"generation":2,"node":"n1"}' for node in nodes}
+
+    found = fence.elect(run_on, "/j", "n1", 2, ["n0", "n1", "n2"], holder=False, gone=never, unheard=["n0"])
+    assert asked == [["n1", "n2"]]
+    assert found.granted == ["n1", "n2"] and found.silent == ["n0"] and found.won
+    alone = fence.elect(run_on, "/j", "n1", 3, ["n0", "n1"], holder=False, gone=lambda node: node == "n0",
+                        unheard=["n0"])  # fmt: skip
+    assert asked[-1] == ["n1"] and alone.won  # half, and the unheard one proven gone

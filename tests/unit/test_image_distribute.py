@@ -31,6 +31,7 @@ from ddp_cluster.image import distribute as dist
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "training_image"
 PULL_SCRIPT = ROLE / "files" / "pull-image.sh"
+PULL = dist.with_listeners(PULL_SCRIPT.read_text())  # as the controller sends it
 DIGEST = "sha256:6087a7c117ca9ea0ac4b4e3b45534ac95779d8b0ca533dfdff6a1cc1e293bcc4"
 BUILT_ID = "sha256:2ada85227f55b01da1014b2f82fb37d388f0511e20173b6555aa40f2b19e371e"
 OTHER_ID = "sha256:" + "e" * 64
@@ -193,7 +194,7 @@ def run_pull_script(tmp_path: Path, stdin: str, got: str) -> tuple[subprocess.Co
     }
     env.pop("DOCKER_CONFIG", None)
     done = subprocess.run(
-        ["sh", str(PULL_SCRIPT), PULLED, "ddp-cluster/node:ab12", BUILT_ID],
+        ["sh", "-c", PULL, "ddp-pull", PULLED, "ddp-cluster/node:ab12", BUILT_ID],
         input=stdin, capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     return done, log.read_text()

@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 FILES = REPO / "roles" / "training_image" / "files"
 PULL_SCRIPT = FILES / "pull-image.sh"
 SOURCE_SCRIPT = FILES / "registry-source.sh"
+# The scripts as the controller sends them: their listeners' functions put in (distribute.with_listeners).
+PULL = dist.with_listeners(PULL_SCRIPT.read_text())
+SOURCE = dist.with_listeners(SOURCE_SCRIPT.read_text())
 DIGEST = "sha256:6087a7c117ca9ea0ac4b4e3b45534ac95779d8b0ca533dfdff6a1cc1e293bcc4"
 BUILT_ID = "sha256:2ada85227f55b01da1014b2f82fb37d388f0511e20173b6555aa40f2b19e371e"
 AUTH = "ZGRwLWNsdXN0ZXI6c2VjcmV0"  # base64 of ddp-cluster:secret
@@ -177,7 +180,7 @@ def with_ssh(env: dict[str, str], tmp_path: Path, script: str) -> dict[str, str]
 def pull(env: dict[str, str], *args: str, stdin: str = f"{AUTH}\n") -> subprocess.CompletedProcess[str]:
     pulled = f"127.0.0.1:15000/ddp-cluster/node@{DIGEST}"
     return subprocess.run(
-        ["sh", str(PULL_SCRIPT), pulled, "ddp-cluster/node:ab12", BUILT_ID, *args],
+        ["sh", "-c", PULL, "ddp-pull", pulled, "ddp-cluster/node:ab12", BUILT_ID, *args],
         input=stdin, capture_output=True, text=True, env=env, timeout=120,
     )  # fmt: skip
 
@@ -196,18 +199,13 @@ def refused(done: subprocess.CompletedProcess[str], port: int, pid: int) -> str:
 # --- the rule, on this machine ------------------------------------------------------------------------------
 
 
-def test_the_scripts_carry_the_controllers_holder_check_and_the_same_listener_lines() -> None:
-    blocks = []
-    for script in (PULL_SCRIPT, SOURCE_SCRIPT):
-        text = script.read_text()
-        found = re.search(r"^# --- the loopback's listeners.*?^# --- end of the loopback's listeners$", text,
-                          re.MULTILINE | re.DOTALL)  # fmt: skip
-        assert found, f"{script.name} lacks the loopback's listeners' lines"
-        blocks.append(found.group(0))
-        program = re.search(r"^holder\(\) \{.*?python3 -c '(.*?)' \"\$@\" 2>&1$", found.group(0),
-                            re.MULTILINE | re.DOTALL)  # fmt: skip
+def test_the_scripts_are_sent_with_the_controllers_holder_check_in_their_listeners_functions() -> None:
+    for script, sent in ((PULL_SCRIPT, PULL), (SOURCE_SCRIPT, SOURCE)):
+        assert script.read_text().count(f"\n{dist.LISTENERS_MARK}\n") == 1, script.name
+        assert dist.LISTENERS_MARK not in sent and "\nowned() {" in sent and "\nanswers() {" in sent
+        program = re.search(r"^holder\(\) \{.*?python3 -c '(.*?)' \"\$@\" 2>&1$", sent, re.MULTILINE | re.DOTALL)
         assert program and program.group(1) == dist.HOLDER_CHECK.strip("\n"), script.name
-    assert blocks[0] == blocks[1]
+        assert subprocess.run(["sh", "-n", "-c", sent], check=False).returncode == 0, script.name
 
 
 def test_a_listener_is_ours_only_when_a_process_named_for_it_holds_it(tmp_path: Path) -> None:
@@ -331,7 +329,7 @@ def test_a_pull_from_the_controllers_registry_goes_on_when_its_parent_holds_the_
     )
     pulled = f"127.0.0.1:{port}/ddp-cluster/node@{DIGEST}"
     done = subprocess.run(
-        [sys.executable, "-c", parent, str(port), "sh", str(PULL_SCRIPT), pulled, "ddp-cluster/node:ab12",
+        [sys.executable, "-c", parent, str(port), "sh", "-c", PULL, "ddp-pull", pulled, "ddp-cluster/node:ab12",
          BUILT_ID, str(port)],
         input=f"{AUTH}\n", capture_output=True, text=True, env=doubles, timeout=120,
     )  # fmt: skip
@@ -343,7 +341,7 @@ def test_a_pull_from_the_controllers_registry_goes_on_when_its_parent_holds_the_
 
 
 def source(env: dict[str, str], *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", str(SOURCE_SCRIPT), *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run(["sh", "-c", SOURCE, "ddp-registry", *args], input=stdin, capture_output=True, text=True,
                           env=env, timeout=120)  # fmt: skip
 
 
@@ -464,7 +462,7 @@ def test_with_a_real_sshd_the_pull_checks_the_ssh_R_forward_and_refuses_the_job_
     pulled = f"127.0.0.1:{port}/ddp-cluster/node@{DIGEST}"
     environment = " ".join(f"{name}={doubles[name]}" for name in ("PATH", "DDP_FAKE_LOG"))
     command = f"env {environment} " + dist.pull_command(
-        PULL_SCRIPT.read_text(), pulled, "ddp-cluster/node:ab12", BUILT_ID, (str(port),)
+        PULL, pulled, "ddp-cluster/node:ab12", BUILT_ID, (str(port),)
     )
     ssh = ["ssh", "-i", sshd["key"], "-o", "IdentitiesOnly=yes",
            "-o", f"UserKnownHostsFile={sshd['known_hosts']}", "-o", "StrictHostKeyChecking=yes",

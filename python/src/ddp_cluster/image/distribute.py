@@ -120,7 +120,7 @@ SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "-o", "ServerAl
 # ``ssh -R`` forward it is); Linux's /proc, stdlib only, Python 3.6 (a server's python3), no single quote (the
 # scripts hold it in one). Exit 0: ours alone; 1: nothing listens; 2: another process (printed: pid, command
 # line, container); 3: cannot tell (printed). The servers' scripts (files/pull-image.sh, registry-source.sh)
-# carry it verbatim; the controller runs it too (:func:`port_holder`).
+# get it in LISTENER_LINES (:func:`with_listeners`); the controller runs it too (:func:`port_holder`).
 HOLDER_CHECK = r"""
 import os, re, socket, struct, sys
 port, ours = int(sys.argv[1]), set()
@@ -199,6 +199,60 @@ hidden = "a process that uid %d cannot see (of another user, or in another PID n
 print(", ".join(said[:3]) or hidden)
 sys.exit(2)
 """
+
+
+# The loopback's listeners, as the servers' scripts check them: the shell functions that replace their line
+# LISTENERS_MARK when they are sent (:func:`with_listeners`). A job on the host network can listen on a loopback
+# port first and answer HTTP as a registry would: no login goes to a port before holder has found that the
+# process meant to (a tunnel, the relay, a registry; `ancestors`: this session's sshd, whose ssh -R it is) holds
+# its listener.
+LISTENERS_MARK = "# @loopback listeners@"
+LISTENER_LINES = r"""answers() {  # the registry's API on this machine's loopback port $1 (401 without a login: it answers)
+  python3 -c 'import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen("http://127.0.0.1:%s/v2/" % sys.argv[1], timeout=2)
+except urllib.error.HTTPError:
+    pass' "$1" 2>/dev/null
+}
+holder() {  # who holds the listener 127.0.0.1:$1 reaches, against $2... (PIDs, or ancestors): 0 they do,
+  # 1 nothing listens, 2 another process (said), 3 cannot tell (said)
+  python3 -c HOLDER_PROGRAM "$@" 2>&1
+}
+taken() {  # port $1 is not ours ($2: holder's status, $3: what it said, $4: what should hold it): exit 6
+  if [ "$2" = 2 ]; then who="is taken by $3, not by $4"; else who="cannot be checked ($3)"; fi
+  echo "error: port $1 on the server's loopback $who: nothing was sent to it, the registry's password included. Stop that process (ss -ltnp 'sport = :$1' shows it) or set cluster_registry_port to a free port"
+  exit 6
+}
+unheld() {  # port $1 has no listener yet, or $2 (what is to listen there) is refused (taken)
+  said=$(holder "$1"); held=$?
+  [ "$held" = 1 ] || taken "$1" "$held" "$said" "$2"
+}
+owned() {  # until $2 (a PID, or ancestors), named $3, holds port $1's listener and it answers: 0; another
+  # holder: refused at once (taken); 1 once $2 has ended or the bound passed (30 s; 2 s for ancestors, whose
+  # ssh -R sshd bound before it ran this script)
+  tries=0 bound=150
+  [ "$2" = ancestors ] && bound=10
+  while :; do
+    said=$(holder "$1" "$2"); held=$?
+    case $held in
+      0) answers "$1" && return 0 ;;
+      1) ;;
+      *) taken "$1" "$held" "$said" "$3" ;;
+    esac
+    tries=$((tries + 1))
+    if { [ "$2" != ancestors ] && ! kill -0 "$2" 2>/dev/null; } || [ "$tries" -gt "$bound" ]; then return 1; fi
+    sleep 0.2
+  done
+}
+"""
+
+
+def with_listeners(script: str) -> str:
+    """A server's script (the role's files/pull-image.sh or registry-source.sh) as it is sent: its
+    LISTENERS_MARK line replaced by the shell functions that check the loopback's listeners (LISTENER_LINES,
+    with HOLDER_CHECK as holder's program). A script without the line is sent as it is."""
+    lines = LISTENER_LINES.replace("HOLDER_PROGRAM", shlex.quote(HOLDER_CHECK.strip("\n")))
+    return "\n".join(lines.rstrip("\n") if line == LISTENERS_MARK else line for line in script.split("\n"))
 
 
 class DistributionError(Exception):
@@ -1101,6 +1155,11 @@ def distribute_from_source(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def distribute(params: Mapping[str, Any]) -> dict[str, Any]:
     """Push once, pull on every server of ``params["servers"]``; the report (see the module's RETURN)."""
+    params = {
+        **params,
+        "receiver_script": with_listeners(params["receiver_script"]),
+        "source_script": with_listeners(params.get("source_script") or ""),
+    }
     if params.get("source"):
         return distribute_from_source(params)
     image, registry, port, timeout = params["image"], params["registry"], params["port"], params["timeout"]

@@ -70,8 +70,17 @@ class Held:
 def read(job_dir: Path) -> Held:
     """This node's record; an absent or unreadable one is generation 0 (the start's)."""
     try:
-        data = json.loads((job_dir / RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return parse_record((job_dir / RECORD).read_text(encoding="utf-8"))
+    except OSError:
+        return Held()
+
+
+def parse_record(text: str) -> Held:
+    """A record's text (:data:`RECORD`, this node's or another's) as the Held it says; anything else is
+    generation 0 (the start's)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
         return Held()
     if not isinstance(data, Mapping):
         return Held()
@@ -210,10 +219,14 @@ def elect(
     voting: Sequence[str],
     holder: bool,
     gone: Callable[[str], bool],
+    unheard: Sequence[str] = (),
 ) -> Election:
-    """Ask every voter at once (``run_on``: node -> output, '' where it did not answer) and judge it."""
+    """Ask every voter at once (``run_on``: node -> output, '' where it did not answer) and judge it; the
+    voters in ``unheard`` (taken for lost already: a frozen one would hold the asker until its command's
+    bound) are silent without being asked."""
     election = Election(generation, list(voting))
-    answers = run_on(list(voting), ask_command(job_dir, generation, me))
+    asked = [node for node in voting if node not in unheard]
+    answers = run_on(asked, ask_command(job_dir, generation, me)) if asked else {}
     for node in voting:
         found = parse(answers.get(node, ""))
         if found is True:

@@ -433,7 +433,7 @@ class Supervisor:
             with self.pool() as pool:
                 # the job is this node's only once it won the fence on a majority of the job's voters: a first
                 # node that was cut off from this one only keeps it otherwise
-                election = self.elect(pool)
+                election = self.elect(pool, unheard=[first])
                 if not election.won:
                     return self.stand_down(election, first, pool)
                 self.mesh.sweep(survivors, self.tag, pool, guard=self.guard())
@@ -597,8 +597,9 @@ class Supervisor:
         the job there (supervisor.fence.guard)."""
         return fence.guard(str(self.job_dir), self.generation, self.me)
 
-    def elect(self, pool: ThreadPoolExecutor) -> fence.Election:
-        """Ask the job's voters for the next generation (supervisor.fence); won, it is this supervisor's."""
+    def elect(self, pool: ThreadPoolExecutor, unheard: Sequence[str] = ()) -> fence.Election:
+        """Ask the job's voters for the next generation (supervisor.fence), but ``unheard`` (taken for lost:
+        silent without being asked); won, it is this supervisor's."""
         known = max(self.generation, fence.read(self.job_dir).generation)
         election = fence.elect(
             lambda nodes, command: self.mesh.run_on(nodes, command, pool),
@@ -608,6 +609,7 @@ class Supervisor:
             fence.voters(self.spec.nodes, self.spec.spares),
             self.holder,
             self.mesh.proven_gone,
+            unheard,
         )
         verdict = "won" if election.won else "lost"
         print(f"fence of job {self.spec.id}: {election.describe()}: {verdict}", file=sys.stderr, flush=True)
@@ -624,15 +626,9 @@ class Supervisor:
         others = [node for node in fence.voters(self.spec.nodes, self.spec.spares) if node != self.me]
         path = shlex.quote(f"{self.job_dir}/{fence.RECORD}")
         for text in pool.map(lambda node: self.mesh.run(node, f"cat {path} 2>/dev/null"), others):
-            try:
-                found = json.loads(text) if text.strip() else {}
-            except ValueError:
-                continue
-            if not isinstance(found, dict):
-                continue
-            generation, node = found.get("generation"), str(found.get("node") or "")
-            if isinstance(generation, int) and node and node != self.me and generation > self.generation:
-                return node
+            held = fence.parse_record(text)
+            if held.node and held.node != self.me and held.generation > self.generation:
+                return held.node
         return ""
 
     def step_down(self, winner: str, why: str) -> int:

@@ -141,7 +141,7 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
     # the restart is this supervisor's only once it won the next generation on a majority of the job's voters
     # (supervisor.fence): a standby that took the job over meanwhile, or a first node cut off from this one
     # only, keeps it otherwise
-    election = supervisor.elect(pool)
+    election = supervisor.elect(pool, unheard=failure.lost)
     if not election.won:
         failure.reason += f"; not restarted here: {election.describe()}"
         return False
