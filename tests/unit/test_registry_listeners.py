@@ -203,7 +203,8 @@ def test_the_scripts_are_sent_with_the_controllers_holder_check_in_their_listene
     for script, sent in ((PULL_SCRIPT, PULL), (SOURCE_SCRIPT, SOURCE)):
         assert script.read_text().count(f"\n{dist.LISTENERS_MARK}\n") == 1, script.name
         assert dist.LISTENERS_MARK not in sent and "\nowned() {" in sent and "\nanswers() {" in sent
-        program = re.search(r"^holder\(\) \{.*?python3 -c '(.*?)' \"\$@\" 2>&1$", sent, re.MULTILINE | re.DOTALL)
+        holder = r"^holder\(\) \{.*?python3 -c '(.*?)' \"\$@\" 2>&1$"
+        program = re.search(holder, sent, re.MULTILINE | re.DOTALL)
         assert program and program.group(1) == dist.HOLDER_CHECK.strip("\n"), script.name
         assert subprocess.run(["sh", "-n", "-c", sent], check=False).returncode == 0, script.name
 
@@ -329,8 +330,8 @@ def test_a_pull_from_the_controllers_registry_goes_on_when_its_parent_holds_the_
     )
     pulled = f"127.0.0.1:{port}/ddp-cluster/node@{DIGEST}"
     done = subprocess.run(
-        [sys.executable, "-c", parent, str(port), "sh", "-c", PULL, "ddp-pull", pulled, "ddp-cluster/node:ab12",
-         BUILT_ID, str(port)],
+        [sys.executable, "-c", parent, str(port), "sh", "-c", PULL, "ddp-pull", pulled,
+         "ddp-cluster/node:ab12", BUILT_ID, str(port)],
         input=f"{AUTH}\n", capture_output=True, text=True, env=doubles, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -341,8 +342,8 @@ def test_a_pull_from_the_controllers_registry_goes_on_when_its_parent_holds_the_
 
 
 def source(env: dict[str, str], *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", "-c", SOURCE, "ddp-registry", *args], input=stdin, capture_output=True, text=True,
-                          env=env, timeout=120)  # fmt: skip
+    return subprocess.run(["sh", "-c", SOURCE, "ddp-registry", *args], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
 
 
 def test_a_build_servers_registry_is_not_pushed_to_when_a_job_holds_its_port(

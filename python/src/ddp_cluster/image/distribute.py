@@ -202,12 +202,13 @@ sys.exit(2)
 
 
 # The loopback's listeners, as the servers' scripts check them: the shell functions that replace their line
-# LISTENERS_MARK when they are sent (:func:`with_listeners`). A job on the host network can listen on a loopback
-# port first and answer HTTP as a registry would: no login goes to a port before holder has found that the
-# process meant to (a tunnel, the relay, a registry; `ancestors`: this session's sshd, whose ssh -R it is) holds
-# its listener.
+# LISTENERS_MARK when they are sent (:func:`with_listeners`). A job on the host network can listen on a
+# loopback port first and answer HTTP as a registry would: no login goes to a port before holder has found
+# that the process meant to (a tunnel, the relay, a registry; `ancestors`: this session's sshd, whose ssh -R
+# it is) holds its listener.
 LISTENERS_MARK = "# @loopback listeners@"
-LISTENER_LINES = r"""answers() {  # the registry's API on this machine's loopback port $1 (401 without a login: it answers)
+LISTENER_LINES = r"""
+answers() {  # the registry's API on this machine's loopback port $1 (401 without a login: it answers)
   python3 -c 'import sys, urllib.error, urllib.request
 try:
     urllib.request.urlopen("http://127.0.0.1:%s/v2/" % sys.argv[1], timeout=2)
@@ -220,7 +221,8 @@ holder() {  # who holds the listener 127.0.0.1:$1 reaches, against $2... (PIDs, 
 }
 taken() {  # port $1 is not ours ($2: holder's status, $3: what it said, $4: what should hold it): exit 6
   if [ "$2" = 2 ]; then who="is taken by $3, not by $4"; else who="cannot be checked ($3)"; fi
-  echo "error: port $1 on the server's loopback $who: nothing was sent to it, the registry's password included. Stop that process (ss -ltnp 'sport = :$1' shows it) or set cluster_registry_port to a free port"
+  echo "error: port $1 on the server's loopback $who: nothing was sent to it, the registry's password"\
+" included. Stop that process (ss -ltnp 'sport = :$1' shows it) or set cluster_registry_port to a free port"
   exit 6
 }
 unheld() {  # port $1 has no listener yet, or $2 (what is to listen there) is refused (taken)
@@ -240,7 +242,9 @@ owned() {  # until $2 (a PID, or ancestors), named $3, holds port $1's listener 
       *) taken "$1" "$held" "$said" "$3" ;;
     esac
     tries=$((tries + 1))
-    if { [ "$2" != ancestors ] && ! kill -0 "$2" 2>/dev/null; } || [ "$tries" -gt "$bound" ]; then return 1; fi
+    if { [ "$2" != ancestors ] && ! kill -0 "$2" 2>/dev/null; } || [ "$tries" -gt "$bound" ]; then
+      return 1
+    fi
     sleep 0.2
   done
 }
@@ -251,7 +255,7 @@ def with_listeners(script: str) -> str:
     """A server's script (the role's files/pull-image.sh or registry-source.sh) as it is sent: its
     LISTENERS_MARK line replaced by the shell functions that check the loopback's listeners (LISTENER_LINES,
     with HOLDER_CHECK as holder's program). A script without the line is sent as it is."""
-    lines = LISTENER_LINES.replace("HOLDER_PROGRAM", shlex.quote(HOLDER_CHECK.strip("\n")))
+    lines = LISTENER_LINES.strip("\n").replace("HOLDER_PROGRAM", shlex.quote(HOLDER_CHECK.strip("\n")))
     return "\n".join(lines.rstrip("\n") if line == LISTENERS_MARK else line for line in script.split("\n"))
 
 
