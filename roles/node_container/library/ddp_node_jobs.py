@@ -59,9 +59,9 @@ from typing import TYPE_CHECKING  # noqa: E402  (Ansible modules put DOCUMENTATI
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 if TYPE_CHECKING:  # the same file: module_utils/ddp_node.py links to the package's module
-    from ddp_cluster.server.node import STOP_TIMEOUT, NodeError, describe_jobs, docker, jobs_in
+    from ddp_cluster.server.node import NodeError, describe_jobs, docker, jobs_in, stop_jobs
 else:
-    from ansible.module_utils.ddp_node import STOP_TIMEOUT, NodeError, describe_jobs, docker, jobs_in
+    from ansible.module_utils.ddp_node import NodeError, describe_jobs, docker, jobs_in, stop_jobs
 
 
 def main() -> None:
@@ -85,22 +85,14 @@ def main() -> None:
         running = ""
         if found:
             running = f"{describe_jobs(found)} {'runs' if len(found) == 1 else 'run'} on {name}"
-        stopped = []
+        stopped: list[str] = []
         if found and module.params["force"]:
             would = "would stop" if module.check_mode else "stops"
             module.warn(f"force=true: removing {name} {would} {describe_jobs(found)}")
-            for job in [] if module.check_mode else sorted(found):
-                # As site.yml's force stops it: the supervisor (when it lives here) stops every rank on every
-                # node and records why, and the node's claim is released.
-                command = module.params["stop_command"].replace("{job}", job)
-                done = docker("exec", name, "/bin/bash", "-c", command, check=False, timeout=STOP_TIMEOUT)
-                if done.returncode == 0:
-                    stopped.append(f"stopped job {job} (force=true)")
-                else:
-                    said = (
-                        done.stderr.strip() or done.stdout.strip() or f"rc {done.returncode}"
-                    ).splitlines()
-                    module.warn(f"{name}: job {job} did not stop cleanly ({said[-1][:200]}): removing it")
+            if not module.check_mode:
+                stopped, unclean = stop_jobs(name, found, module.params["stop_command"])
+                for warning in unclean:
+                    module.warn(warning)
     except NodeError as error:
         module.fail_json(msg=f"{name}: {error}")
     module.exit_json(changed=bool(stopped), jobs=found, running=running, actions=stopped)

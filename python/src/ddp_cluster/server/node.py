@@ -301,6 +301,22 @@ def refusal(name: str, jobs: dict[str, list[str]], why: str, timeout: float) -> 
     )
 
 
+def stop_jobs(name: str, found: dict[str, list[str]], stop_command: str) -> tuple[list[str], list[str]]:
+    """Each job of ``found`` stopped in the container ``name`` as jobs.yml stops it (``stop_command``, its
+    ``{job}`` replaced by the id), before the container goes: its supervisor (when it lives here) stops every
+    rank on every node and records why, and the node's claim is released. (stopped, warnings)."""
+    stopped, warnings = [], []
+    for job in sorted(found):
+        command = stop_command.replace("{job}", job)
+        done = docker("exec", name, "/bin/bash", "-c", command, check=False, timeout=STOP_TIMEOUT)
+        if done.returncode == 0:
+            stopped.append(f"stopped job {job} (force=true)")
+        else:
+            said = (done.stderr.strip() or done.stdout.strip() or f"rc {done.returncode}").splitlines()
+            warnings.append(f"{name}: job {job} did not stop cleanly ({said[-1][:200]}): removing it")
+    return stopped, warnings
+
+
 def guard_jobs(
     name: str,
     plan: dict[str, Any],
@@ -324,18 +340,8 @@ def guard_jobs(
         warnings = [f"force=true: recreating {name} {would} {describe_jobs(found)}"]
         if check or not jobs.get("stop_command"):
             return [], warnings
-        # Stopped as jobs.yml stops a job, before the container goes: its supervisor (when it lives here)
-        # stops every rank on every node and records why, and the node's claim is released.
-        stopped = []
-        for job in sorted(found):
-            command = str(jobs["stop_command"]).replace("{job}", job)
-            done = docker("exec", name, "/bin/bash", "-c", command, check=False, timeout=STOP_TIMEOUT)
-            if done.returncode == 0:
-                stopped.append(f"stopped job {job} (force=true)")
-            else:
-                said = (done.stderr.strip() or done.stdout.strip() or f"rc {done.returncode}").splitlines()
-                warnings.append(f"{name}: job {job} did not stop cleanly ({said[-1][:200]}): removing it")
-        return stopped, warnings
+        stopped, unclean = stop_jobs(name, found, str(jobs["stop_command"]))
+        return stopped, warnings + unclean
     made_here = str(plan.get("before", "")).startswith("{")
     why = "its specification changed" if made_here else "it was not made by site.yml"
     timeout = float(jobs.get("wait_timeout") or 0)
