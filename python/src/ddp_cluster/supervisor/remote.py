@@ -79,8 +79,10 @@ class Mesh:
         self.tree: tree.Tree | None = None
         self.tree_lock = threading.Lock()
 
-    def ssh(self, node: str, *options: str) -> list[str]:
-        return ["ssh", "-o", f"ConnectTimeout={self.ssh_timeout}", "-o", "BatchMode=yes", *options, node]
+    def ssh(self, node: str, *options: str, connect: int | None = None) -> list[str]:
+        """ssh's argv to ``node``: its connect bound ``connect`` seconds (default: the mesh's ssh_timeout)."""
+        bound = self.ssh_timeout if connect is None else connect
+        return ["ssh", "-o", f"ConnectTimeout={bound}", "-o", "BatchMode=yes", *options, node]
 
     def run(self, node: str, command: str) -> str:
         """Run a shell command on a node; its output, '' when the node does not answer."""
@@ -117,8 +119,7 @@ class Mesh:
             return False
         # a connect bound long enough for the address's neighbour lookup to fail (about 3 s) before it ends;
         # tried again while it only times out, until GONE_WITHIN (see there)
-        argv = [*self.ssh(node, *FRESH, "-o", "LogLevel=INFO"), "true"]
-        argv[argv.index(f"ConnectTimeout={self.ssh_timeout}")] = f"ConnectTimeout={GONE_WAIT}"
+        argv = [*self.ssh(node, *FRESH, "-o", "LogLevel=INFO", connect=GONE_WAIT), "true"]
         deadline = time.monotonic() + GONE_WITHIN
         while True:
             try:
