@@ -113,9 +113,9 @@ SSHD_NODE_CONF = "/etc/ssh/sshd_config.d/10-ddp-cluster.conf"
 # and this file is read first) would change how the node lets logins in.
 SSHD_NODE_KEYWORDS = ("port", "listenaddress", "hostkey")
 CHUNK = 1 << 20
-# Directories that are never the image's start files, whatever a Python's path says: the jobs' workspace and
-# the temporary directories (a reset there would remove a job's data).
-NOT_IMAGE = ("/workspace", "/tmp", "/var/tmp", "/dev", "/proc", "/sys")
+# Directories that are never the image's start files, whatever a Python's path says: the jobs' workspace (a
+# reset there would remove a job's data) and the kernel's trees. Not /tmp: a venv may live there (a clone's).
+NOT_IMAGE = ("/workspace", "/dev", "/proc", "/sys")
 # The fix of what a reset cannot put back: a container made anew from the image (site.yml makes one).
 RECREATE = (
     "Recreate the node's container from the image: on its server `docker rm -f NODE`, then"
