@@ -1,5 +1,5 @@
 #!/bin/sh
-# Main process of a ddp-cluster node: sshd on the cluster's shared port.
+# Main process of a ddp-cluster node: sshd on the cluster's shared port (and Slurm's daemons, once configured).
 # Host keys are made here, at first start, inside the container, and kept across restarts.
 set -eu
 
@@ -32,5 +32,8 @@ printf 'Port %s\nListenAddress %s\n%s' "$port" "$listen" "$host_keys" > /etc/ssh
 # absolute path.
 sshd=$(command -v sshd 2>/dev/null || echo /usr/sbin/sshd)
 "$sshd" -t || { echo "ddp-node: sshd configuration is invalid ($sshd -t above)" >&2; exit 78; }
+# Slurm's daemons, where site.yml has written the cluster's settings (a restarted node): in the background, so
+# that sshd does not wait for them; their lines go to Slurm's log directory.
+mkdir -p /var/log/slurm && /usr/local/sbin/ddp-slurm-start >> /var/log/slurm/ddp-slurm-start.log 2>&1 &
 echo "ddp-node: sshd on $listen:$port"
 exec "$sshd" -D -e

@@ -242,12 +242,13 @@ def test_a_base_without_a_package_manager_that_lacks_sshd_is_refused_naming_what
     assert "Nothing was built." in text
 
 
-# A base with sshd, ssh, OpenMPI, Python and the node's tools, and no package manager left at all.
+# A base with sshd, ssh, OpenMPI, Python, Slurm, munge and the node's tools, and no package manager left.
 READY = "ddp-test/no-pm-ready:1"
 READY_DOCKERFILE = (
     f"FROM {BASE}\n"
     "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
     "openssh-server openssh-client openmpi-bin netbase python3 python3-venv iproute2 procps ca-certificates "
+    "slurmd slurmctld slurm-client munge "
     "&& rm -rf /var/lib/apt/lists/* && rm -f /usr/bin/apt /usr/bin/apt-get /usr/bin/apt-* /usr/bin/dpkg*\n"
 )
 

@@ -35,9 +35,10 @@ FAKE = (
 def test_dnf_installs_the_rpm_names_of_what_the_base_lacks() -> None:
     done = in_base(FAKE.format("dnf"), "htop", env="DDP_DRY_RUN=1")
     assert done.returncode == 0, done.stderr
-    # The Debian minbase lacks them all: sshd, ssh, mpirun, ip, ss, pkill and a venv-capable python3.
+    # The Debian minbase lacks them all: sshd, ssh, mpirun, ip, ss, pkill, a venv-capable python3 and Slurm.
     assert done.stdout.strip() == (
-        "dnf install -y openssh-server openssh-clients openmpi iproute procps-ng python3 ca-certificates htop"
+        "dnf install -y openssh-server openssh-clients openmpi iproute procps-ng python3 slurm-slurmd"
+        " slurm-slurmctld slurm munge ca-certificates htop"
         " && dnf clean all && rm -rf /var/cache/dnf"
     )
     assert "installing with dnf: openssh-server" in done.stderr
@@ -53,7 +54,10 @@ def test_the_install_runs_and_a_base_that_still_lacks_a_tool_fails_naming_it() -
     # The fake dnf installs nothing: the script runs it, then names what is still missing.
     done = in_base(FAKE.format("dnf") + "; :", "&& cat /calls")
     assert done.returncode != 0
-    assert "still missing after the install: sshd ssh mpirun ip ss pkill python3(venv)" in done.stderr
+    assert (
+        "still missing after the install: sshd ssh mpirun ip ss pkill python3(venv)"
+        " slurmd slurmctld srun munged" in done.stderr
+    )
 
 
 def test_no_package_manager_and_nothing_missing_installs_nothing_and_drops_host_keys() -> None:

@@ -148,8 +148,9 @@ def test_one_id_started_twice_together_runs_once_and_the_other_start_is_refused_
 
 
 def lasting(listed: str) -> set[str]:
-    """The processes of a ``pgrep -af`` answer that live as long as the job: the supervisor's one-shot ssh calls
-    (the standby's start, a liveness probe) end by themselves, and a stop that reached them would show elsewhere."""
+    """The processes of a ``pgrep -af`` answer that live as long as the job: the supervisor's one-shot ssh
+    calls (the standby's start, a liveness probe) end by themselves, and a stop that reached them would show
+    elsewhere."""
     return {line for line in listed.splitlines() if not line.split(" ", 1)[-1].startswith("ssh -o ")}
 
 

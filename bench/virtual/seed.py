@@ -75,6 +75,8 @@ class Cluster:
     somaxconn: int
     hosts: str
     known_hosts: str
+    # slurm.conf and gres.conf: the same on every node, each a list of the cluster as a whole.
+    slurm: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, folder: Path, count: int) -> Cluster:
@@ -95,11 +97,16 @@ class Cluster:
             int(info["somaxconn"]),
             hosts,
             known_hosts,
+            tuple(
+                (compiled / name).read_text(encoding="utf-8")
+                for name in ("slurm.conf", "gres.conf")
+                if (compiled / name).is_file()
+            ),
         )
 
     def lists(self) -> list[str]:
         """Each text that lists the cluster, as the roles write it (found anywhere in a text)."""
-        found = [self.hosts, self.known_hosts]
+        found = [self.hosts, self.known_hosts, *self.slurm]
         found.append(json.dumps(self.addresses, sort_keys=True, separators=(",", ":")))
         for items in (self.nodes, self.peers, list(self.addresses.values())):
             found += [separator.join(items) for separator in (" ", ",", "\n")]
@@ -204,7 +211,13 @@ def server_state(
             **container,
             "spec": rewrite(container["spec"], f"{where} container specification"),
         }
-    return {"ufw": rules, "files": files, "container": container, "generation": state["generation"]}
+    return {
+        "ufw": rules,
+        "files": files,
+        "container": container,
+        "generation": state["generation"],
+        "slurm": list(state.get("slurm") or []),
+    }
 
 
 def plain_state(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -274,7 +287,7 @@ def controller_files(template_dir: Path, folder: Path, count: int) -> None:
     records.mkdir(exist_ok=True)
     # The records are written before the compile, so the target's lists are not known yet: a record holds
     # none (the rewrite fails if it did), only the node's own name, address and host key.
-    target = _addresses_only(count)
+    target = _addresses_only(count, len(template.slurm))
     rewrite = _rewrites(template_dir, template, target)
     for node in names(count):
         text = rewrite(node)(_record(template_dir, model(node)), f"{model(node)}'s record")
@@ -289,7 +302,7 @@ def _size(template_dir: Path) -> int:
     return len(list((cluster_dir(template_dir) / "nodes").glob("vs*.state.json")))
 
 
-def _addresses_only(count: int) -> Cluster:
+def _addresses_only(count: int, slurm_texts: int = 0) -> Cluster:
     """A target known by its addresses only (hosts.py's), before its compile: its lists are unknown, so a
     text holding one is refused by the template's check (the template's lists are replaced by a marker)."""
     nodes = names(count)
@@ -301,6 +314,7 @@ def _addresses_only(count: int) -> Cluster:
         0,
         unknown,
         unknown,
+        tuple(unknown for _ in range(slurm_texts)),
     )
 
 

@@ -74,6 +74,7 @@ def load(host: str, folder: Path | None = None) -> dict[str, Any]:
     state.setdefault("files", {})  # path -> {"sha256", "mode", "content"?} (server and node container alike)
     state.setdefault("container", None)
     state.setdefault("generation", 0)  # host keys change when the container is made again
+    state.setdefault("slurm", [])  # the Slurm daemons running in the node container
     return state
 
 
@@ -176,6 +177,10 @@ def shell(host: str, command: str) -> tuple[int, str, str]:
         return 0, "", ""
     if "ssh -o BatchMode=yes" in command and "hostname" in command:  # ssh_mesh's ring login
         return 0, "", ""
+    if "/usr/local/sbin/ddp-slurm-start" in command:  # the slurm role's start (docker/slurm-start.sh)
+        return slurm_start(host, state, restart=command.rstrip().endswith(" restart"))
+    if "sinfo -h -N -n" in command:  # the slurm role's wait: every node answers (their daemons run)
+        return 0, "", ""
     if "ddp_cluster.supervisor.drain" in command and "--show" in command:  # no node is drained
         return 0, json.dumps({"drained": {}, "unknown": []}) + "\n", ""
     if "ddp_cluster.supervisor.check" in command:  # the first node checks every node (job/node_check.py)
@@ -190,6 +195,18 @@ def shell(host: str, command: str) -> tuple[int, str, str]:
     except ValueError:
         argv = [command]
     return run_argv(host, argv, state)
+
+
+def slurm_start(host: str, state: dict[str, Any], restart: bool) -> tuple[int, str, str]:
+    """munged, slurmd and (on vs0, the default controller) slurmctld, as docker/slurm-start.sh starts them."""
+    wanted = ["munged", "slurmd", *(["slurmctld"] if index_of(host) == 0 else [])]
+    if not all(path in state["files"] for path in SLURM_FILES):
+        return 0, f"no Slurm settings on {host} yet (site.yml writes them)\n", ""
+    lines = [("running " if name in state["slurm"] and not restart else "started ") + name for name in wanted]
+    if state["slurm"] != wanted or restart:
+        state["slurm"] = wanted
+        save(host, state)
+    return 0, "\n".join(lines) + "\n", ""
 
 
 def checked(command: str) -> dict[str, str]:
@@ -251,6 +268,10 @@ def node_container(host: str, args: dict[str, Any], state: dict[str, Any]) -> di
             p: v for p, v in state["files"].items() if not p.startswith(("/root/.ssh/", "/etc/ddp"))
         }
         state["container"] = {"spec": wanted, "running": True, "ssh_port": str(args["sshd"]["port"])}
+        state[
+            "slurm"
+        ] = []  # nor Slurm's settings (/etc/slurm, /etc/ddp-cluster): its daemons start once given
+        state["files"] = {p: v for p, v in state["files"].items() if not p.startswith("/etc/slurm/")}
         actions.append(("replaced" if before else "created") + f" container {spec['name']}")
     sshd = args["sshd"]
     port, listen = int(sshd["port"]), str(sshd.get("listen") or "")
@@ -353,11 +374,12 @@ def answer(host: str, module: str, args: dict[str, Any]) -> dict[str, Any]:
             result["changed"] = True
     elif name == "copy":
         content = args.get("content")
-        if content is None:
-            source = Path(str(args.get("src")))
-            content = (
-                source.read_text(encoding="utf-8", errors="replace") if source.is_file() else str(source)
-            )
+        if content is None:  # the copy action put the file on the server first (its fs/, the connection's)
+            given = str(args.get("src"))
+            source = root() / host / "fs" / given.lstrip("/")
+            if not source.is_file():
+                raise Unknown(f"{host}: copy's source {given} was not put on the virtual server")
+            content = source.read_text(encoding="utf-8", errors="replace")
         result = {"changed": write_file(state, str(args["dest"]), str(content), args.get("mode"))}
     elif name == "sysctl":
         key = f"sysctl:{args['name']}"
@@ -416,6 +438,8 @@ MESH_FILES = (
     "/etc/ddp-cluster/known_hosts",
     "/etc/ddp-cluster/ssh_config",
 )
+SLURM_FILES = ("/etc/slurm/slurm.conf", "/etc/slurm/gres.conf", "/etc/ddp-cluster/munge.key")
+SLURM_DAEMONS = ("munged", "slurmd", "slurmctld")
 
 
 def file_line(state: dict[str, Any], path: str) -> str:
@@ -429,7 +453,7 @@ def probe(host: str, script: str) -> str:
     running = bool(container and container.get("running"))
     out: list[str] = []
     for name in re.findall(r"^\s*mark ([a-z_]+)", script, re.M):
-        if name in ("sshd", "mesh") and out and any(line.endswith(f" {name}") for line in out):
+        if name in ("sshd", "mesh", "slurm") and out and any(line.endswith(f" {name}") for line in out):
             continue  # the script marks them inside the container or in its fallback: once
         out.append(f"{STATE_MARK} {name}")
         if name == "container":
@@ -443,6 +467,12 @@ def probe(host: str, script: str) -> str:
             out.append("listening" if running else "not running")
             out.append(f"{STATE_MARK} mesh")
             out += [file_line(state, path) if running else "not running" for path in MESH_FILES]
+            out.append(f"{STATE_MARK} slurm")
+            if running:
+                out += [file_line(state, path) for path in SLURM_FILES]
+                out += [f"{d} {'running' if d in state['slurm'] else 'not running'}" for d in SLURM_DAEMONS]
+            else:
+                out.append("not running")
         elif name == "files":
             listed = re.search(r"^\s*mark files\n(?:.*\n)*?for f in (.*?); do", script, re.M)
             for path in shlex.split(listed.group(1)) if listed else []:

@@ -77,6 +77,7 @@ class ActionModule(ActionBase):
                 cluster=cluster,
                 records_dir=root / "nodes",
                 npu_settings=settings,
+                slurm_settings=compiled.SlurmSettings.of(value),
                 code=tree_hash(str(REPO), [term for term in CODE if (REPO / term).exists()]),
                 ssh_port=int(args.get("ssh_port") or value("cluster_ssh_port", 22)),
                 host_key_type=str(args.get("host_key_type") or value("ssh_mesh_host_key_type", "ed25519")),

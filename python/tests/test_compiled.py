@@ -243,3 +243,52 @@ def test_the_files_are_written_only_when_they_differ(tmp_path: Path) -> None:
     }  # fmt: skip
     assert fact["nodes"] == 2 and fact["dir"] == str(result.directory)
     assert fact["known_hosts_sha256"] == compiled.sha256(data["known_hosts"])
+
+
+def test_slurm_conf_is_compiled_with_each_nodes_address_cpus_and_devices(tmp_path: Path) -> None:
+    inventory = {
+        "n0": {"ansible_host": "10.0.0.1", "cluster_nproc_per_node": 8, "npu_device_count": 8},
+        "n1": {"ansible_host": "10.0.0.2", "cluster_nproc_per_node": 8, "slurm_node_cpus": 192,
+               "slurm_node_memory_mb": 1500000, "npu_device_count": 8},
+    }  # fmt: skip
+    settings = compiled.SlurmSettings(controllers=["n1", "n0"], accelerator="npu", network_mode="host")
+    result = compiled.compile_cluster(
+        inventory, ["n0", "n1"], cluster="Pod-A", records_dir=tmp_path / "nodes", slurm_settings=settings
+    )
+    assert result.slurm is not None and result.slurm["errors"] == []
+    conf = result.slurm["conf"]
+    assert "ClusterName=pod_a\n" in conf
+    assert "SlurmctldHost=n1(10.0.0.2)\nSlurmctldHost=n0(10.0.0.1)\n" in conf
+    assert "NodeName=n0 NodeAddr=10.0.0.1 CPUs=8 Gres=npu:8 State=UNKNOWN\n" in conf
+    assert "NodeName=n1 NodeAddr=10.0.0.2 CPUs=192 RealMemory=1500000 Gres=npu:8 State=UNKNOWN\n" in conf
+    assert "NodeName=n0 Name=npu File=/dev/davinci[0-7]" in result.slurm["gres"]
+    result.write(tmp_path / "compiled")
+    assert (tmp_path / "compiled" / "slurm.conf").read_text() == conf
+    fact = result.fact()["slurm"]
+    assert fact["controllers"] == ["n1", "n0"] and len(fact["conf_sha256"]) == 64
+    # The same cluster compiled again: the same text (every node gets the same bytes, a warm run no change).
+    again = compiled.compile_cluster(
+        inventory, ["n0", "n1"], cluster="Pod-A", records_dir=tmp_path / "nodes", slurm_settings=settings
+    )
+    assert again.fact()["slurm"] == fact
+
+
+def test_a_cluster_slurm_cannot_take_keeps_no_slurm_conf_and_names_the_fix(tmp_path: Path) -> None:
+    good = compiled.compile_cluster(
+        {"n0": {}, "n1": {}}, ["n0", "n1"], cluster="c", records_dir=tmp_path / "nodes",
+        slurm_settings=compiled.SlurmSettings(network_mode="bridge"),
+    )  # fmt: skip
+    good.write(tmp_path / "compiled")
+    assert "SlurmctldHost=n0\n" in (tmp_path / "compiled" / "slurm.conf").read_text()
+    bad = compiled.compile_cluster(
+        {"n0": {}, "n1": {"slurm_node_cpus": "many"}}, ["n0", "n1"], cluster="c",
+        records_dir=tmp_path / "nodes",
+        slurm_settings=compiled.SlurmSettings(controllers=["head"], network_mode="bridge"),
+    )  # fmt: skip
+    assert bad.slurm is not None
+    assert bad.slurm["errors"] == [
+        "n1: slurm_node_cpus, cluster_nproc_per_node and slurm_node_memory_mb must be numbers",
+        "head (slurm_controllers or slurm_dbd_host) is not a node of the inventory",
+    ]
+    bad.write(tmp_path / "compiled")
+    assert not (tmp_path / "compiled" / "slurm.conf").exists()

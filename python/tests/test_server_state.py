@@ -60,7 +60,7 @@ def test_a_running_node_reads_every_component_and_the_same_state_gives_the_same_
     out = run(spec, env)
     assert state.complete(out)
     digests = state.digests(out)
-    assert sorted(digests) == ["container", "files", "mesh", "sshd"]
+    assert sorted(digests) == ["container", "files", "mesh", "slurm", "sshd"]
     assert state.describe(out)["container"] == "running"
     assert state.describe(out)["sshd"] == "listening"
     assert state.digests(run(spec, env)) == digests

@@ -82,10 +82,22 @@ def test_what_slurm_cannot_take_is_refused_naming_each_fix() -> None:
         slurm.slurm_conf(bad)
     said = str(raised.value)
     for part in ("'Not-A-Name' is not a Slurm cluster name", "node name 'bad name'",
-                 "node node1 has no address", "nodes named twice: node1",
+                 "nodes named twice: node1",
                  "node9 (slurm_controllers or slurm_dbd_host) is not a node", "cluster_accelerator 'tpu'",
                  "CPUs 0"):  # fmt: skip
         assert part in said, part
+
+
+def test_nodes_on_a_bridge_network_are_reached_by_name_and_accounting_can_be_off() -> None:
+    named = SlurmCluster(
+        "local", [SlurmNode("node0", "", 1), SlurmNode("node1", "", 1)], ["node0"], "node0", accounting=False
+    )
+    text = conf(slurm.slurm_conf(named))
+    assert text["SlurmctldHost"] == ["node0"]
+    assert text["NodeName"] == ["node0 CPUs=1 State=UNKNOWN", "node1 CPUs=1 State=UNKNOWN"]
+    assert (
+        text["AccountingStorageType"] == ["accounting_storage/none"] and "AccountingStorageHost" not in text
+    )
 
 
 def test_an_inventorys_cluster_name_becomes_a_slurm_cluster_name() -> None:

@@ -43,13 +43,13 @@ def bringups(tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, 
         folder = tmp_path_factory.mktemp(f"virtual-{count}")
         (folder / "home").mkdir()
         # The smaller keeps its files' text: the seed's template below. The larger gets its cluster key pair
-        # (made once per controller, at random): the seeded servers, which take the template's, can then be
-        # compared with it file for file.
+        # and munge key (made once per controller, at random): the seeded servers, which take the template's,
+        # can then be compared with it file for file.
         env = {server.CONTENT_ENV: "1"} if count == SIZES[0] else None
         if count != SIZES[0]:
             keys = seed.cluster_dir(folder)
             keys.mkdir(parents=True)
-            for name in ("id_ed25519", "id_ed25519.pub"):
+            for name in ("id_ed25519", "id_ed25519.pub", "munge.key"):
                 shutil.copy2(seed.cluster_dir(runs[SIZES[0]][0]) / name, keys / name)
         bench_controller.run_stage("bringup", count, folder, REPO, 64, ["site.yml"], env=env)
         runs[count] = (folder, bench_controller.run_stage("warm", count, folder, REPO, 64, ["site.yml"]))
@@ -134,7 +134,8 @@ def test_seeded_servers_are_what_a_bring_up_leaves(
             json.loads((where / f"nodes/{node}.state.json").read_text()) for where in (made_dir, real_dir)
         ]
         assert [{**found, "at": ""} for found in states] == [{**states[1], "at": ""}] * 2, node
-    for name in ("compiled/hosts", "compiled/known_hosts", "id_ed25519", "id_ed25519.pub"):
+    names = ("compiled/hosts", "compiled/known_hosts", "compiled/slurm.conf", "id_ed25519", "id_ed25519.pub")
+    for name in (*names, "munge.key"):
         assert (made_dir / name).read_text() == (real_dir / name).read_text(), name
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ddp_cluster.ascend import hccn
 from ddp_cluster.files import write_atomic
-from ddp_cluster.inventory import hostvars, npu
+from ddp_cluster.inventory import hostvars, npu, slurm
 from ddp_cluster.inventory.hostvars import InventoryError, host_var, plain
 
 SCHEMA = 1
@@ -199,6 +199,74 @@ class NpuSettings:
 
 
 @dataclass(frozen=True)
+class SlurmSettings:
+    """The cluster-wide Slurm settings (the slurm role's): its controllers (empty: the first node), the
+    accelerator (the GRES), the network mode (bridge: the nodes reach each other by name, no address in
+    slurm.conf) and whether jobs are accounted in slurmdbd."""
+
+    controllers: Sequence[str] = ()
+    accelerator: str = "cpu"
+    network_mode: str = "host"
+    accounting: bool = False
+    dbd_host: str = ""
+
+    @classmethod
+    def of(cls, read: Callable[[str, Any], Any]) -> SlurmSettings:
+        """The settings as the inventory gives them, READ(name, default): slurm_controllers (a list, or one
+        name), cluster_accelerator, cluster_network_mode."""
+        given = read("slurm_controllers", None) or []
+        return cls(
+            controllers=[str(c) for c in given] if isinstance(given, list) else [str(given)],
+            accelerator=str(read("cluster_accelerator", "cpu")),
+            network_mode=str(read("cluster_network_mode", "host")),
+        )
+
+
+def _slurm(
+    settings: SlurmSettings,
+    cluster: str,
+    names: Sequence[str],
+    variables: Mapping[str, Mapping[str, Any]],
+    addresses: Mapping[str, str],
+) -> dict[str, Any]:
+    """slurm.conf and gres.conf of the cluster (``conf``, ``gres``), or ``errors`` naming each fix."""
+    nodes, errors = [], []
+    for node in names:
+        given = host_var(variables[node], "slurm_node_cpus") or host_var(
+            variables[node], "cluster_nproc_per_node"
+        )
+        try:
+            cpus = int(given if given is not None else 1)
+            memory = int(host_var(variables[node], "slurm_node_memory_mb") or 0)
+        except (TypeError, ValueError):
+            errors.append(
+                f"{node}: slurm_node_cpus, cluster_nproc_per_node and slurm_node_memory_mb must be numbers"
+            )
+            continue
+        devices = (_ranks(variables[node]) or 0) if settings.accelerator in slurm.DEVICE_FILES else 0
+        address = addresses.get(node, "") if settings.network_mode == "host" else ""
+        nodes.append(slurm.SlurmNode(node, address, cpus, memory, devices))
+    controllers = [str(c) for c in settings.controllers] or list(names[:1])
+    described = slurm.SlurmCluster(
+        slurm.cluster_name(cluster),
+        nodes,
+        controllers,
+        str(settings.dbd_host or controllers[0] if controllers else ""),
+        settings.accelerator,
+        accounting=settings.accounting,
+    )
+    errors += slurm.check(described)
+    if errors:
+        return {"errors": errors, "controllers": controllers}
+    return {
+        "errors": [],
+        "controllers": controllers,
+        "conf": slurm.slurm_conf(described),
+        "gres": slurm.gres_conf(described),
+    }
+
+
+@dataclass(frozen=True)
 class Compiled:
     """The compiled cluster. ``nodes``: per node (inventory order) its entry for nodes/<node>.json."""
 
@@ -215,6 +283,8 @@ class Compiled:
     networks: list[str]
     npu: dict[str, Any] | None
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # slurm.conf and gres.conf (``conf``, ``gres``) or the ``errors`` that keep Slurm off; None: not asked.
+    slurm: dict[str, Any] | None = None
 
     def fact(self) -> dict[str, Any]:
         """The cluster-wide fact ``ddp_cluster`` (no per-node map: each host reads its own file)."""
@@ -230,6 +300,15 @@ class Compiled:
             "npu": None if self.npu is None else {k: self.npu[k] for k in ("errors", "warnings")},
             "nodes": len(self.nodes),
             "code": self.code,
+            **({} if self.slurm is None else {"slurm": self._slurm_fact()}),
+        }
+
+    def _slurm_fact(self) -> dict[str, Any]:
+        assert self.slurm is not None
+        return {
+            "errors": self.slurm["errors"],
+            "controllers": self.slurm["controllers"],
+            "conf_sha256": sha256(self.slurm.get("conf", "") + self.slurm.get("gres", "")),
         }
 
     def files(self) -> dict[str, str]:
@@ -246,6 +325,9 @@ class Compiled:
             "hosts": self.hosts,
             "known_hosts": self.known_hosts,
         }
+        if self.slurm and not self.slurm["errors"]:
+            files["slurm.conf"] = self.slurm["conf"]
+            files["gres.conf"] = self.slurm["gres"]
         for name, entry in self.nodes.items():
             files[f"nodes/{name}.json"] = json.dumps(entry, indent=1, sort_keys=True) + "\n"
         return files
@@ -267,6 +349,10 @@ class Compiled:
             write_atomic(path, data)
             os.chmod(path, 0o644)
             changed = True
+        for name in ("slurm.conf", "gres.conf"):  # a cluster Slurm cannot take keeps none
+            if name not in wanted and (root / name).exists():
+                (root / name).unlink()
+                changed = True
         stale = root / "nodes"
         if stale.is_dir():
             for path in stale.glob("*.json"):
@@ -343,6 +429,7 @@ def compile_cluster(
     ssh_port: int = 22,
     host_key_type: str = "ed25519",
     npu_settings: NpuSettings | None = None,
+    slurm_settings: SlurmSettings | None = None,
     directory: Path | None = None,
 ) -> Compiled:
     """The compiled cluster of NODES (the inventory's order), reading each node's variables in RAW once.
@@ -350,7 +437,8 @@ def compile_cluster(
     records_dir: the node records (``~/.ddp-cluster/<cluster>/nodes``): their host keys and networks.
     code: the digest of the code a change of which must converge again. ssh_port, host_key_type: the mesh's
     sshd port and the host key type it pins. npu_settings: the plan's cluster-wide settings on an npu
-    cluster, else None. directory: where the files go (default: records_dir's sibling ``compiled``).
+    cluster, else None. slurm_settings: Slurm's cluster-wide settings (None: no slurm.conf). directory: where
+    the files go (default: records_dir's sibling ``compiled``).
     """
     names = [str(node) for node in nodes]
     variables = {node: raw[node] for node in names}  # the one read of each node
@@ -404,4 +492,7 @@ def compile_cluster(
         networks=networks,
         npu=npu_summary,
         nodes=entries,
+        slurm=None
+        if slurm_settings is None
+        else _slurm(slurm_settings, cluster, names, variables, addresses),
     )

@@ -65,7 +65,12 @@ def stage_inputs(fact: Mapping[str, Any]) -> dict[str, Any]:
         "hosts": {"peers": fact.get("peers"), "somaxconn": fact.get("somaxconn"), "npu": fact.get("npu")},
         "image": {},
         "containers": {"hosts": fact.get("hosts_sha256")},
-        "mesh": {"known_hosts": fact.get("known_hosts_sha256"), "missing": fact.get("known_hosts_missing")},
+        "mesh": {
+            "known_hosts": fact.get("known_hosts_sha256"),
+            "missing": fact.get("known_hosts_missing"),
+            # slurm.conf and gres.conf, the same on every node: a change takes every node through again.
+            "slurm": (fact.get("slurm") or {}).get("conf_sha256"),
+        },
     }
 
 

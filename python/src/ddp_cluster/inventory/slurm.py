@@ -69,6 +69,8 @@ class SlurmCluster:
     accelerator: str = "cpu"
     state_dir: str = STATE_DIR
     kill_wait: int = KILL_WAIT
+    # Jobs accounted in slurmdbd (sacct); False: no accounting storage.
+    accounting: bool = True
     extra: Sequence[str] = field(default_factory=tuple)
 
     def address(self, node: str) -> str:
@@ -101,8 +103,6 @@ def check(cluster: SlurmCluster) -> list[str]:
     for node in cluster.nodes:
         if not NODE_NAME.match(node.name):
             errors.append(f"node name {node.name!r} cannot be a Slurm node name: rename it in the inventory")
-        if not node.address:
-            errors.append(f"node {node.name} has no address: set node_container_address or ansible_host")
         if node.cpus < 1:
             errors.append(f"node {node.name}: CPUs {node.cpus} (at least 1)")
     duplicates = sorted({name for name in names if names.count(name) > 1})
@@ -110,7 +110,7 @@ def check(cluster: SlurmCluster) -> list[str]:
         errors.append(f"nodes named twice: {', '.join(duplicates)}")
     if not cluster.controllers:
         errors.append("no Slurm controller: set slurm_controllers (default: the first node)")
-    for host in [*cluster.controllers, cluster.dbd_host]:
+    for host in dict.fromkeys([*cluster.controllers, *([cluster.dbd_host] if cluster.accounting else [])]):
         if host not in names:
             errors.append(f"{host} (slurm_controllers or slurm_dbd_host) is not a node of the inventory")
     if len(set(cluster.controllers)) != len(cluster.controllers):
@@ -136,7 +136,12 @@ def slurm_conf(cluster: SlurmCluster) -> str:
     lines = [
         "# Managed by ddp-cluster (slurm role), the same on every node. Do not edit: site.yml writes it.",
         f"ClusterName={cluster.name}",
-        *(f"SlurmctldHost={host}({cluster.address(host)})" for host in cluster.controllers),
+        *(
+            f"SlurmctldHost={host}({cluster.address(host)})"
+            if cluster.address(host)
+            else f"SlurmctldHost={host}"
+            for host in cluster.controllers
+        ),
         "SlurmUser=slurm",
         "AuthType=auth/munge",
         "CryptoType=crypto/munge",
@@ -151,6 +156,9 @@ def slurm_conf(cluster: SlurmCluster) -> str:
         f"SlurmdLogFile={LOG_DIR}/slurmd.log",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
+        # A node's CPUs, memory and devices are the inventory's (the processes per node as its CPUs), not what
+        # slurmd finds in a container that shares its server's with others.
+        "SlurmdParameters=config_overrides",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "JobAcctGatherType=jobacct_gather/none",
@@ -166,10 +174,16 @@ def slurm_conf(cluster: SlurmCluster) -> str:
         f"MessageTimeout={30 if large else 10}",
         f"SlurmdTimeout={300 if large else 120}",
         "SlurmctldTimeout=120",
-        "AccountingStorageType=accounting_storage/slurmdbd",
-        f"AccountingStorageHost={cluster.dbd_host}",
-        f"AccountingStoragePort={SLURMDBD_PORT}",
-        "AccountingStoreFlags=job_comment",
+        *(
+            [
+                "AccountingStorageType=accounting_storage/slurmdbd",
+                f"AccountingStorageHost={cluster.dbd_host}",
+                f"AccountingStoragePort={SLURMDBD_PORT}",
+                "AccountingStoreFlags=job_comment",
+            ]
+            if cluster.accounting
+            else ["AccountingStorageType=accounting_storage/none"]
+        ),
         "JobCompType=jobcomp/none",
         "SchedulerParameters=max_script_size=4194304",
     ]
@@ -178,7 +192,11 @@ def slurm_conf(cluster: SlurmCluster) -> str:
         lines.append(f"GresTypes={gres}")
     lines += list(cluster.extra)
     for node in cluster.nodes:
-        words = [f"NodeName={node.name}", f"NodeAddr={node.address}", f"CPUs={node.cpus}"]
+        words = [
+            f"NodeName={node.name}",
+            *([f"NodeAddr={node.address}"] if node.address else []),
+            f"CPUs={node.cpus}",
+        ]
         if node.memory_mb:
             words.append(f"RealMemory={node.memory_mb}")
         if gres and node.devices:

@@ -11,6 +11,8 @@ Components (each a section of the output, hashed here, so the same state gives t
 - ``container``: the node container's specification label (its image id included), image and whether it runs;
 - ``sshd``: whether the container's sshd listens on the cluster port;
 - ``mesh``: sha256 and mode of the ssh mesh's files inside the container;
+- ``slurm``: sha256 and mode of Slurm's settings and the munge key inside the container, and which of munged,
+  slurmd and slurmctld run there;
 - ``files``: sha256 of the node's settings file (node.env) and hosts file on the host;
 - ``firewall``, ``sysctl``, ``packages`` (``host``): this cluster's ufw or firewalld rules, the kernel
   settings the roles write and the server's Python packages the Docker tasks need;
@@ -35,12 +37,17 @@ MESH_FILES = (
     "/etc/ddp-cluster/known_hosts",
     "/etc/ddp-cluster/ssh_config",
 )
+# Slurm's settings in the container (slurm role) and its daemons there: one that stopped, or settings
+# changed by hand, take the server through the stages again.
+SLURM_FILES = ("/etc/slurm/slurm.conf", "/etc/slurm/gres.conf", "/etc/ddp-cluster/munge.key")
+SLURM_DAEMONS = ("munged", "slurmd", "slurmctld")
 
 # What each component's drift means, for the check-mode lines and the reasons a server converges.
 MEANING = {
     "container": "node container",
     "sshd": "sshd in the container",
     "mesh": "ssh mesh files in the container",
+    "slurm": "Slurm's settings or daemons in the container",
     "files": "node.env or hosts file",
     "firewall": "firewall rules",
     "sysctl": "kernel settings",
@@ -63,7 +70,11 @@ _INSIDE = (
     # must take the mesh through again, or every node's known_hosts refuses it.
     'for k in /etc/ssh/ssh_host_*_key.pub; do [ -f "$k" ] && cut -d\' \' -f1,2 "$k"; done; '
     f'echo "{MARK} mesh"; '
-    f'for f in "$@"; do {_FILE_LINE}; done'
+    f'for f in "$@"; do {_FILE_LINE}; done; '
+    f'echo "{MARK} slurm"; '
+    f"for f in {' '.join(SLURM_FILES)}; do {_FILE_LINE}; done; "
+    f"for d in {' '.join(SLURM_DAEMONS)}; do "
+    'if pgrep -x "$d" >/dev/null 2>&1; then echo "$d running"; else echo "$d not running"; fi; done'
 )
 
 
@@ -91,8 +102,10 @@ def script(spec: Mapping[str, Any]) -> str:
         + q(_INSIDE)
         + " sh "
         + " ".join([q(str(spec["port"]))] + [q(path) for path in MESH_FILES])
-        + " 2>/dev/null || { mark sshd; echo 'exec failed'; mark mesh; echo 'exec failed'; } ;;",
-        "  *) mark sshd; echo 'not running'; mark mesh; echo 'not running' ;;",
+        + " 2>/dev/null || { mark sshd; echo 'exec failed'; mark mesh; echo 'exec failed';"
+        " mark slurm; echo 'exec failed'; } ;;",
+        "  *) mark sshd; echo 'not running'; mark mesh; echo 'not running';"
+        " mark slurm; echo 'not running' ;;",
         "esac",
         "mark files",
         f"for f in {q(etc_dir + '/node.env')} {q(etc_dir + '/hosts')}; do {_FILE_LINE}; done",
@@ -169,4 +182,11 @@ def describe(output: str) -> dict[str, str]:
     absent = [line.split()[-1] for line in found.get("mesh") or [] if line.startswith("absent ")]
     if absent:
         words["mesh"] = "missing " + ", ".join(absent)
+    slurm = found.get("slurm") or []
+    stopped = [line.split()[0] for line in slurm if line.endswith(" not running") and " " in line]
+    missing = [line.split()[-1] for line in slurm if line.startswith("absent ")]
+    if missing or stopped:
+        words["slurm"] = "; ".join(
+            (["missing " + ", ".join(missing)] if missing else []) + [f"{d} not running" for d in stopped]
+        )
     return words
