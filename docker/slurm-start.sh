@@ -27,12 +27,12 @@ stop() {
   running "$1" && pkill -9 -x "$1"
   return 0
 }
-# Started, then given 2 s to stay up (a daemon that reads a bad setting exits within that).
+# Started, then given 1 s to stay up (a daemon that reads a bad setting exits within that).
 check() {
   tries=0
   while [ $tries -lt 4 ]; do
     running "$1" || break
-    sleep 0.5
+    sleep 0.25
     tries=$((tries + 1))
   done
   if running "$1"; then echo "started $1"; return 0; fi
