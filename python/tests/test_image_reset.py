@@ -166,6 +166,7 @@ def test_the_nodes_own_files_are_kept_and_only_the_cluster_key_stays_authorized(
     public = Path(f"{key}.pub").read_text().split()
     Path(f"{key}.pub").unlink()
     put(root, "/etc/ddp-cluster/known_hosts", "[node1]:12345 ssh-ed25519 AAAA\n")
+    put(root, "/etc/ddp-cluster/munge.key", "c2VjcmV0\n")  # Slurm's key, the slurm role's
     put(root, "/etc/ssh/sshd_config.d/10-ddp-cluster.conf", "Port 12345\nListenAddress 0.0.0.0\n")
     cluster_line = f'from="10.0.0.0/24" {public[0]} {public[1]} ddp-cluster-local'
     keys = put(root, "/etc/ddp-cluster/authorized_keys", f"{cluster_line}\nssh-ed25519 AAAAother attacker\n")
@@ -176,6 +177,7 @@ def test_the_nodes_own_files_are_kept_and_only_the_cluster_key_stays_authorized(
     ]
     assert keys.read_text() == cluster_line + "\n"
     assert key.exists() and (root / "etc/ddp-cluster/known_hosts").exists()
+    assert (root / "etc/ddp-cluster/munge.key").read_text() == "c2VjcmV0\n"
 
 
 def test_an_sshd_setting_added_beside_the_port_is_refused(image: tuple[Path, Path]) -> None:

@@ -104,6 +104,7 @@ NODE_OWNED = (
     "/etc/ddp-cluster/known_hosts",
     "/etc/ddp-cluster/ssh_config",
     "/etc/ddp-cluster/node",  # the node's settings, mounted read-only from its server
+    "/etc/ddp-cluster/munge.key",  # the cluster's munge key (the slurm role)
     "/root/.ssh/id_ddp_cluster",
 )
 NODE_KEY = "/root/.ssh/id_ddp_cluster"
