@@ -57,12 +57,13 @@ def test_container_stage_is_one_module_run_per_node() -> None:
                 node: ["ddp_node_container"] for node in NODES[1:]
             }
             assert all("community.docker.docker_network" not in modules for modules in containers.values())
-            # The whole bring-up of a node that is not the first: its container, then the mesh's files (its
-            # host key came back with the container stage's probe; the ring login is a raw command, not a
-            # module).
+            # The whole bring-up of a node that is not the first: its container, the mesh's files (its host
+            # key came back with the container stage's probe; the ring login is a raw command, not a module),
+            # then Slurm's files (its daemons' start and the wait are raw commands).
             for node in NODES[1:]:
                 assert [run["module"] for run in runs if run["host"] == node] == [
                     "ddp_node_container",
+                    "ddp_mesh_files",
                     "ddp_mesh_files",
                 ]
             for node in NODES:

@@ -1,0 +1,1 @@
+../../ssh_mesh/library/ddp_mesh_files.py

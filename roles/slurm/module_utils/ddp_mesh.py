@@ -1,0 +1,1 @@
+../../../python/src/ddp_cluster/server/mesh.py
