@@ -197,8 +197,19 @@ def test_a_frozen_node_is_lost_within_liveness_timeout_and_the_job_finishes_on_t
     assert proc.returncode == 0, output[-6000:]
     [restart] = json.loads((RUNS / job / "status.json").read_text())["restarts"]
     assert restart["lost"] == ["node1"] and restart["spares_taken"] == ["node2"], restart
-    # thawed, node1 finds its parent gone and stops its own ranks
+    # thawed, node1 finds its parent gone, stops its own ranks and gives its claim back: free for the next job
+    # (its watcher releases the claim just after the sweep, so the ranks' end alone does not say so)
     wait_for("node1's ranks stopped after the thaw", lambda: processes("node1", job) == "", 60)
+    claim = STATE_DIR / "node1" / "workspace" / "jobs" / ".claim"
+    wait_for("node1's claim given back after the thaw", lambda: job not in claimed(claim), 60)
+
+
+def claimed(path: Path) -> str:
+    """A node's claim file as its text ('' when there is none)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def supervisors(job: str) -> dict[str, int]:
