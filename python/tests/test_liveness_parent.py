@@ -119,6 +119,27 @@ def test_a_parent_whose_session_closed_without_end_is_waited_for_then_swept() ->
     assert TIMEOUT - 0.05 <= waited <= TIMEOUT + 0.5  # the reconnect window: min(timeout, 3*every+ssh)
 
 
+class ClosedSession:
+    """stderr as a remote watcher has it once its ssh session is closed: every write fails."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_session_on_stderr_does_not_stop_the_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A thawed node: its watcher's ssh session was closed while it was frozen, so the line it writes when it
+    # finds its parent gone has nowhere to go; it must still sweep the job and give its claim back.
+    monkeypatch.setattr(sys, "stderr", ClosedSession())
+    remote = Remote(leaf("--tag", TAG))
+    time.sleep(0.2)
+    remote.hang_up()
+    took = remote.ended_within(5)
+    assert took is not None and remote.sweeps == [TERM]
+
+
 def test_a_parent_that_stops_pinging_is_gone_after_its_timeout() -> None:
     # A frozen parent node: its session stays open (half-open TCP), nothing comes.
     remote = Remote(leaf("--tag", TAG))

@@ -413,11 +413,7 @@ class Watch:
         node = self.nodes[child]
         orphans = children(child, len(self.nodes), self.fanout)
         adopted = ", ".join(self.nodes[index] for index in orphans) or "nothing more"
-        print(
-            f"liveness: the watcher does not start on {node}; {self.nodes[self.index]} watches {adopted}",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"liveness: the watcher does not start on {node}; {self.nodes[self.index]} watches {adopted}")
         for orphan in orphans:
             self._start_thread(orphan)
 
@@ -632,6 +628,14 @@ def sweep_node(
         run(["pkill", "-KILL", "-f", "--", pattern])
 
 
+def say(text: str) -> None:
+    """A line to stderr, which for a remote watcher is its ssh session: once the parent is gone that session
+    may be closed, and a write there must not end the watcher before it sweeps the job and gives its claim
+    back."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
 def release_claim(job_dir: str) -> None:
     """This node's claim of the job, released once its processes here were swept (its parent is gone or its
     attempt ended: a node cut off from its job, thawed later, is free for the next job at once; a restart's
@@ -642,7 +646,7 @@ def release_claim(job_dir: str) -> None:
         folder = job_dir.rstrip("/")
         jobs.release(folder.rsplit("/", 1)[0], folder.rsplit("/", 1)[-1])
     except Exception as error:  # a claim left behind goes stale by itself
-        print(f"liveness: the claim of {job_dir} was not released: {error}", file=sys.stderr, flush=True)
+        say(f"liveness: the claim of {job_dir} was not released: {error}")
 
 
 def _run(argv: list[str]) -> int:
@@ -650,7 +654,7 @@ def _run(argv: list[str]) -> int:
         done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
         return done.returncode
     except (OSError, subprocess.TimeoutExpired) as error:
-        print(f"liveness: {' '.join(argv)} failed: {error}", file=sys.stderr, flush=True)
+        say(f"liveness: {' '.join(argv)} failed: {error}")
         return -1
 
 
@@ -686,7 +690,7 @@ def serve(
     if sweep is not None:
         if verdict != "end":
             here = watch.nodes[watch.index]
-            print(f"liveness: {here}'s parent is gone; stopping the job here", file=sys.stderr, flush=True)
+            say(f"liveness: {here}'s parent is gone; stopping the job here")
         sweep()
     watch.stop(end=True)
     return verdict
