@@ -82,7 +82,15 @@ def three(local_cluster: PlaybookResult) -> Iterator[None]:
     if running_nodes() != set(NODES):
         result = run_playbook("site.yml", env=THREE)
         assert result.rc == 0, result.stdout[-4000:]
+    # a job's spares are the nodes Slurm has free when it starts: every node idle first
+    wait_for("every node idle in Slurm", lambda: idle_in_slurm() == set(NODES), 120)
     yield
+
+
+def idle_in_slurm() -> set[str]:
+    out = node_exec("node0", "sinfo -h -N -o '%N %t'", check=False).stdout.split("\n")
+    rows = (line.split() for line in out)
+    return {fields[0] for fields in rows if len(fields) == 2 and fields[1] == "idle"}
 
 
 def finish(proc: subprocess.Popen[str], seconds: float = 240) -> str:

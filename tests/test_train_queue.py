@@ -76,23 +76,18 @@ def test_two_jobs_started_together_run_one_after_the_other_and_the_second_starts
 
 
 def test_nodelist_and_exclude_pick_the_nodes_slurm_gives() -> None:
-    avoided = job_id("exclude")
-    done = run_playbook(
-        "train.yml",
-        extravars={"job_id": avoided, "nodes": 1, "exclude": "node0,node1", "script_args": "--epochs 1"},
-        env=THREE,
-    )
-    assert done.rc == 0, done.stdout[-4000:]
-    assert json.loads((RUNS / avoided / "status.json").read_text())["nodes"] == ["node2"]
-    named = job_id("nodelist")
-    done = run_playbook(
-        "train.yml",
-        extravars={"job_id": named, "nodes": 2, "nodelist": "node[1-2]", "script_args": "--epochs 1"},
-        env=THREE,
-    )
-    assert done.rc == 0, done.stdout[-4000:]
-    assert sorted(json.loads((RUNS / named / "status.json").read_text())["nodes"]) == ["node1", "node2"]
-    assert f"job {named}: Slurm job" in done.stdout and "runs on node1, node2" in done.stdout
+    def ran_on(name: str, **selection: object) -> tuple[list[str], str]:
+        job = job_id(name)
+        done = run_playbook(
+            "train.yml", extravars={"job_id": job, "script_args": "--epochs 1", **selection}, env=THREE
+        )
+        assert done.rc == 0, done.stdout[-4000:]
+        return sorted(json.loads((RUNS / job / "status.json").read_text())["nodes"]), done.stdout
+
+    assert ran_on("exclude", nodes=1, exclude="node0,node1")[0] == ["node2"]
+    nodes, stdout = ran_on("nodelist", nodes=2, nodelist="node[1-2]")
+    assert nodes == ["node1", "node2"]
+    assert "Slurm job" in stdout and "runs on node1, node2" in stdout
     refused = run_playbook(
         "train.yml",
         extravars={"job_id": job_id("bad"), "nodes": 2, "exclude": "node9", "script_args": "--epochs 1"},

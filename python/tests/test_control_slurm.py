@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_control import Clock
 
 from ddp_cluster.job import control, queue
 from ddp_cluster.job.control import JobControl
@@ -49,17 +50,6 @@ class FakeSlurmNode:
 
     def close(self) -> None:
         pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def plan(tmp_path: Path, **changes: Any) -> dict[str, Any]:
@@ -190,3 +180,9 @@ def test_the_node_slurm_starts_it_on_is_its_first_and_the_rest_of_the_allocation
         allocation.assign(spec(), ["node2"])
     with pytest.raises(allocation.AllocationError, match="not in the job's allocation"):
         allocation.allocated("node[0-1]", "node2")
+
+
+def test_the_supervisor_forgets_the_batch_steps_slurm_variables_so_mpirun_launches_over_ssh() -> None:
+    environ = {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "node[0-1]", "SBATCH_X": "1", "PATH": "/bin"}
+    allocation.forget_slurm(environ)
+    assert environ == {"DDP_SLURM_JOB_ID": "7", "PATH": "/bin"}

@@ -74,6 +74,8 @@ SUPERVISOR_LOG = "supervisor.log"
 # Seconds between two claims of nodes another job holds, with wait_for_nodes.
 CLAIM_POLL = 5.0
 LAST_WORDS = "last-words"
+# A stop asked with jobs.yml (report.STOPPED_BY_JOBS): the report takes it as asked, not as a failure.
+STOPPED_BY_JOBS = "stopped with jobs.yml"
 # Seconds a job Slurm said it is about to schedule (reason None) is given to start, before detach=true
 # returns with it queued.
 SCHEDULING = 10.0
@@ -575,13 +577,20 @@ class JobControl:
             mine = next((entry for entry in entries if entry.slurm_id == slurm_id), None)
             if mine is None or (not mine.pending and not mine.nodelist):
                 state = mine.state if mine else "gone from Slurm's queue"
+                self.unstage()
+                if self.plan.get("stopped"):  # jobs.yml -e stop=ID cancelled it
+                    said = (
+                        f"{STOPPED_BY_JOBS} -e stop={self.plan['id']} while it waited in Slurm's queue"
+                        f" (Slurm job {slurm_id} cancelled); nothing ran"
+                    )
+                    self.say(f"{label}: {said}")
+                    return self.never_ran(Status(state="failed", reason=said, interrupted=said))
                 reason = (
                     f"Slurm job {slurm_id} ended ({state}) before it was given nodes: scancel, or an"
                     " administrator, cancelled it"
                 )
                 self.say(f"{label}: {reason}")
-                self.unstage()
-                return self.written(Status(state="failed", reason=reason))
+                return self.never_ran(Status(state="failed", reason=reason))
             if not mine.pending:
                 self.remember(allocated=True, **allocation(mine, len(self.plan["nodes"])))
                 return None
@@ -600,7 +609,7 @@ class JobControl:
                     " nothing ran"
                 )
                 self.say(f"{label}: {reason}")
-                return self.written(Status(state="failed", reason=reason))
+                return self.never_ran(Status(state="failed", reason=reason, interrupted=reason))
             # detach returns once Slurm says why the job waits (its first answer may be before its first
             # scheduling pass: reason None, about to be scheduled)
             settled = mine.reason != "None" or self.clock() >= started + SCHEDULING
@@ -614,6 +623,10 @@ class JobControl:
                     self.say(line)
                 return {"changed": True, "detached": True, "state": "queued", "status": {}}
             self.sleep(1.0)
+
+    def never_ran(self, final: Status) -> dict[str, Any]:
+        """The result of a job that ended in Slurm's queue: no node ran it (nothing to collect)."""
+        return {**self.written(final), "started": False}
 
     def unstage(self) -> None:
         """What was staged for a job that will not start removed from the submitting node."""

@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.job.node_jobs import NODE_ENV
@@ -202,7 +203,8 @@ def sbatch_argv(
     job_timeout, who submitted it as its comment, USR1 to the batch shell GRACE_S seconds before the limit
     (the supervisor's checkpoint-on-signal), the selection, partition and QOS; up to SPARES nodes more when
     Slurm has them free at the start (``--nodes=MIN-MAX``: a restart's spares, held in the allocation);
-    SCRIPT is the batch script's path on the node that submits it."""
+    SCRIPT is the batch script's path on the node that submits it. ``--no-kill``: a node lost mid-job does
+    not end the allocation (the supervisor restarts the job on the nodes left and its spares)."""
     for label, value in (("partition", partition), ("qos", qos)):
         if value and not SLURM_NAME.match(value):
             raise QueueError(f"{label}={value!r} is not a Slurm name (letters, digits, '_' and '-')")
@@ -214,6 +216,7 @@ def sbatch_argv(
         f"--job-name={job}",
         f"--nodes={nodes}-{nodes + spares}" if spares > 0 else f"--nodes={nodes}",
         "--exclusive",
+        "--no-kill",
         f"--time={time_limit(timeout_s)}",
         f"--comment={comment}",
         f"--signal=B:USR1@{grace_s}",
@@ -312,9 +315,9 @@ def from_dicts(items: Iterable[Mapping[str, object]]) -> list[Entry]:
     """Entries as an action returned them (dataclasses.asdict)."""
     found = []
     for item in items:
-        fields = {name: item[name] for name in Entry.__dataclass_fields__ if name in item}
-        fields["nodelist"] = tuple(str(node) for node in fields.get("nodelist") or ())  # type: ignore[union-attr]
-        found.append(Entry(**fields))  # type: ignore[arg-type]
+        fields: dict[str, Any] = {name: item[name] for name in Entry.__dataclass_fields__ if name in item}
+        fields["nodelist"] = tuple(str(node) for node in fields.get("nodelist") or ())
+        found.append(Entry(**fields))
     return found
 
 

@@ -34,7 +34,7 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -150,6 +150,15 @@ def prepare(job_dir: Path, submitted_on: str, environ: Mapping[str, str], mesh: 
         f"spares={','.join(spec.spares)}\n"
     )
     plan_files(spec, job_dir)
+
+
+def forget_slurm(environ: MutableMapping[str, str]) -> None:
+    """The batch step's Slurm variables (``SLURM_*``, ``SBATCH_*``, ``SRUN_*``) taken out of ENVIRON, the
+    Slurm job's id kept as ``DDP_SLURM_JOB_ID`` (the job's processes are ours to launch, over the mesh)."""
+    if "SLURM_JOB_ID" in environ:
+        environ["DDP_SLURM_JOB_ID"] = environ["SLURM_JOB_ID"]
+    for name in [name for name in environ if name.startswith(("SLURM_", "SBATCH_", "SRUN_"))]:
+        del environ[name]
 
 
 def start_here(job_dir: Path, submitted_on: str, environ: Mapping[str, str] | None = None) -> str:

@@ -786,6 +786,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if submitted_on := os.environ.pop(SUBMITTED_ON, ""):
         if allocation.start_here(args.job_dir, submitted_on):
             raise SystemExit(1)  # why, on stderr (Slurm's output) and in the job's last words
+        # Slurm is the job's allocator only: neither the launcher nor a rank may take the batch step's
+        # variables for its own (mpirun would start its daemons with srun, inside the step, and a restart's
+        # srun waits for a lost node; the run wrapper would read SLURM_PROCID as the rank)
+        allocation.forget_slurm(os.environ)
         # the supervisor's own output, in the job's directory as when train.yml starts it
         log = os.open(args.job_dir / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         for stream in (1, 2):
