@@ -79,6 +79,8 @@ STOPPED_BY_JOBS = "stopped with jobs.yml"
 # Seconds a job Slurm said it is about to schedule (reason None) is given to start, before detach=true
 # returns with it queued.
 SCHEDULING = 10.0
+# Seconds between two looks at Slurm's queue in the first SCHEDULING seconds.
+QUEUE_POLL_FIRST = 0.25
 
 
 class AttachError(DdpClusterError):
@@ -622,7 +624,8 @@ class JobControl:
                 for line in follow_commands(str(self.plan["id"])):
                     self.say(line)
                 return {"changed": True, "detached": True, "state": "queued", "status": {}}
-            self.sleep(1.0)
+            # often while Slurm may be about to start it (on free nodes, within a second), then every 1 s
+            self.sleep(QUEUE_POLL_FIRST if self.clock() < started + SCHEDULING else 1.0)
 
     def never_ran(self, final: Status) -> dict[str, Any]:
         """The result of a job that ended in Slurm's queue: no node ran it (nothing to collect)."""
