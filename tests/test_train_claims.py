@@ -1,7 +1,7 @@
-"""One job per node, one job per id (local inventory, 3 nodes): a job id used twice is refused naming its run
-(on the controller, and on the nodes when the controller has no run of it), the first run left as it was;
-two train.yml started together on the same nodes: one runs, the other is refused naming the node and the
-job that has it, and starts nothing; with wait=true, two waiters start one after the other.
+"""One job per id (local inventory, 3 nodes): a job id used twice is refused naming its run (on the
+controller, and on the nodes when the controller has no run of it), the first run left as it was; one id
+started twice at once runs once; a stop of an id that is a pattern of another's reaches only its own
+processes. (Two jobs on the same nodes queue in Slurm: tests/test_train_queue.py.)
 
 Run under the local cluster's lock: flock /tmp/ddp-local.lock pytest tests/test_train_claims.py"""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import uuid
 from pathlib import Path
 
@@ -75,58 +74,6 @@ def test_a_job_id_used_twice_is_refused_naming_it_and_the_first_run_is_left_as_i
     assert snapshot(run) == before
 
 
-def test_two_jobs_started_together_on_the_same_nodes_one_runs_the_other_is_refused() -> None:
-    jobs = [job_id("a"), job_id("b")]
-    procs = [start_train(job, LONG, env=THREE) for job in jobs]
-    outputs = [finish(proc, 300) for proc in procs]
-    codes = [proc.returncode for proc in procs]
-    assert codes.count(0) == 1, f"{codes}\n{outputs[0][-3000:]}\n---\n{outputs[1][-3000:]}"
-    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
-    said = outputs[loser]
-    named = [node for node in ("node0", "node1") if f"{node} runs another job: job {jobs[winner]}" in said]
-    assert named, said[-4000:]
-    assert f"jobs.yml -e stop={jobs[winner]}" in said
-    # the refused job started nothing: no supervisor, no status, no rank, on either node
-    assert not (job_dir("node0", jobs[loser]) / "status.json").exists()
-    assert processes("node0", jobs[loser]) == "" and processes("node1", jobs[loser]) == ""
-    summary = json.loads((RUNS / jobs[winner] / "output" / "summary.json").read_text())
-    assert summary["epochs"] == 200 and summary["world_size"] == 2
-    # the winner's claim went with its supervisor: the nodes are free for the next job
-    for node in ("node0", "node1"):
-        claim = node_exec(node, "cat /workspace/jobs/.claim 2>/dev/null || true", check=False).stdout.strip()
-        assert claim == "", f"{node} still holds a claim after its job ended: {claim}"
-
-
-def test_wait_true_waiters_start_one_after_the_other() -> None:
-    """A detached job holds node0 and node1; two waiters for the same nodes: once it ends, one starts and
-    the other waits for that one's end (a waiter never shares a node)."""
-    holder = job_id("holder")
-    quick_long = "--dataset digits --epochs 60 --batch-size 32 --lr 0.05"
-    detached = run_playbook(
-        "train.yml",
-        extravars={"job_id": holder, "nodes": 2, "detach": True, "script_args": quick_long},
-        env=THREE,
-    )
-    assert detached.rc == 0, detached.stdout[-4000:]
-    waiters = [job_id("w1"), job_id("w2")]
-    procs = [start_train(job, quick_long, extra=("-e", "wait=true"), env=THREE) for job in waiters]
-    outputs = [finish(proc, 600) for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0], f"{outputs[0][-3000:]}\n---\n{outputs[1][-3000:]}"
-    spans = []
-    for job in waiters:
-        status = json.loads((RUNS / job / "status.json").read_text())
-        assert status["state"] == "succeeded"
-        ended = float(status["updated"])
-        spans.append((ended - float(status["elapsed"]), ended))
-    (_, end_a), (start_b, _) = sorted(spans)
-    assert end_a <= start_b + 1.0, f"the waiters ran at once: {spans}"
-    assert any("waiting for it (wait=true)" in output for output in outputs)
-    deadline = time.monotonic() + 60
-    while processes("node0", holder) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert processes("node0", holder) == ""
-
-
 def test_one_id_started_twice_together_runs_once_and_the_other_start_is_refused_by_name() -> None:
     job = job_id("twin")
     procs = [start_train(job, QUICK, env=THREE) for _ in range(2)]
@@ -135,11 +82,11 @@ def test_one_id_started_twice_together_runs_once_and_the_other_start_is_refused_
     assert codes.count(0) == 1, f"{codes}\n{outputs[0][-3000:]}\n---\n{outputs[1][-3000:]}"
     said = outputs[codes.index(0) ^ 1]
     # refused by name, whichever step saw the other start first: the controller's run, a node's directory,
-    # or the claim of the nodes (the two at the same moment)
+    # or the staged files of its submission (the two at the same moment)
     named = (
         f"job_id={job} was used before",
         f"is there already: job id {job} was used before",
-        f"job {job} is being started by another train.yml already",
+        f"job {job} is being submitted already by another train.yml",
     )
     assert any(text in said for text in named), said[-4000:]
     status = json.loads((RUNS / job / "status.json").read_text())

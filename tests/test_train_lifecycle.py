@@ -82,7 +82,15 @@ def three(local_cluster: PlaybookResult) -> Iterator[None]:
     if running_nodes() != set(NODES):
         result = run_playbook("site.yml", env=THREE)
         assert result.rc == 0, result.stdout[-4000:]
+    # a job's spares are the nodes Slurm has free when it starts: every node idle first
+    wait_for("every node idle in Slurm", lambda: idle_in_slurm() == set(NODES), 120)
     yield
+
+
+def idle_in_slurm() -> set[str]:
+    out = node_exec("node0", "sinfo -h -N -o '%N %t'", check=False).stdout.split("\n")
+    rows = (line.split() for line in out)
+    return {fields[0] for fields in rows if len(fields) == 2 and fields[1] == "idle"}
 
 
 def finish(proc: subprocess.Popen[str], seconds: float = 240) -> str:
@@ -124,18 +132,10 @@ def test_detach_then_list_then_attach_collects_it(three: None) -> None:
     assert (RUNS / job / "logs" / "rank.1.log").is_file()
 
 
-def test_a_job_on_busy_nodes_is_refused_naming_the_first_and_stop_ends_it(three: None) -> None:
+def test_stop_ends_a_detached_job_on_every_node_and_collects_it(three: None) -> None:
     first = job_id("busy")
     detached = playbook("train.yml", job_id=first, nodes=2, detach=True, script_args=LONG)
     assert detached.rc == 0, detached.stdout[-4000:]
-    second = job_id("refused")
-    refused = playbook("train.yml", job_id=second, nodes=3, script_args=LONG)
-    assert refused.rc != 0
-    assert f"node1 runs another job: job {first} (nodes node0, node1)" in refused.stdout, refused.stdout[
-        -3000:
-    ]
-    assert not (STATE_DIR / "node2" / "workspace" / "jobs" / second).exists()
-    assert not (STATE_DIR / "node0" / "workspace" / "jobs" / second).exists()
 
     stopped = playbook("jobs.yml", stop=first)
     assert stopped.rc == 0, stopped.stdout[-4000:]

@@ -9,6 +9,7 @@ The last status read is returned and written to runs/<id>/status.json on the con
 
     - ddp_job_wait:
         plan: "{{ _ddp_job_plan }}"
+        stopped: false     # true: jobs.yml -e stop=ID follows the job it stopped
 
 ``plan`` is the fact ``_ddp_job_plan`` (small); the whole plan is read from its ``plan_path``, once.
 """
@@ -37,7 +38,7 @@ display = Display()
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = True
-    _VALID_ARGS = frozenset(("plan",))
+    _VALID_ARGS = frozenset(("plan", "stopped"))
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
@@ -51,6 +52,8 @@ class ActionModule(ActionBase):
             plan = whole(self._task.args["plan"])
         except (OSError, ValueError) as error:
             return {**result, "failed": True, "msg": f"the job's plan could not be read ({error})"}
+        # jobs.yml -e stop=ID follows the job it stopped: one cancelled in Slurm's queue was stopped as asked
+        plan["stopped"] = bool(self._task.args.get("stopped"))
         try:  # the job's secret_env, from this controller's environment now (the plan kept the names only)
             values = secrets.for_start(plan, os.environ)
         except secrets.SecretError as error:

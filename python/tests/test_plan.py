@@ -220,7 +220,7 @@ def test_each_nodes_network_and_binding_come_from_its_record(tmp_path: Path) -> 
     assert made.spec.networks == ("172.30.99.0/24", "10.1.0.0/16")
     argv = made.spec.launch_argv()
     assert mca(argv, "btl_tcp_if_include") == mca(argv, "oob_tcp_if_include") == "172.30.99.0/24,10.1.0.0/16"
-    assert made.lines()[1].endswith(
+    assert made.lines()[2].endswith(
         "(cluster_cpu_binding numa; device=CPUs): s0 (unbound); s1 0=0-23;1=24-47"
     )
 

@@ -51,8 +51,10 @@ def test_sbatch_asks_for_whole_nodes_the_time_limit_the_warning_and_the_selectio
         partition="ddp", qos="high", script="/workspace/jobs/run-7/batch.sh",
     )  # fmt: skip
     assert argv == [
-        "sbatch", "--parsable", "--job-name=run-7", "--nodes=2", "--exclusive", "--time=0-01:01:00",
-        "--comment=alice@ctl", "--signal=B:USR1@60", "--output=/dev/null", "--nodelist=node1",
+        "sbatch", "--parsable", "--job-name=run-7", "--nodes=2", "--exclusive", "--no-kill",
+        "--time=0-01:01:00",
+        "--comment=alice@ctl", "--signal=B:USR1@60", "--output=/tmp/ddp-cluster-slurm-%j.out",
+        "--nodelist=node1",
         "--exclude=node0",
         "--partition=ddp", "--qos=high", "/workspace/jobs/run-7/batch.sh",
     ]  # fmt: skip
@@ -62,10 +64,10 @@ def test_sbatch_asks_for_whole_nodes_the_time_limit_the_warning_and_the_selectio
 
 
 SQUEUE = """\
-41|train-a|RUNNING|None|2|node[0-1]|4294901759|2026-12-06T03:00:00|root|alice@ctl
-42|train-b|PENDING|Resources|2||4294901758|2026-12-06T03:00:05|root|bob@ctl
-43|train-c|PENDING|Priority|2||4294901700|2026-12-06T03:00:01|root|(null)
-44|train-d|PENDING|ReqNodeNotAvail, UnavailableNodes:node3|1||4294901758|2026-12-06T03:00:09|root|x
+41|train-a|RUNNING|None|2|node[0-1]|4294901759|2026-12-06T03:00:00|root|node0|alice@ctl
+42|train-b|PENDING|Resources|2||4294901758|2026-12-06T03:00:05|root|(null)|bob@ctl
+43|train-c|PENDING|Priority|2||4294901700|2026-12-06T03:00:01|root||(null)
+44|train-d|PENDING|ReqNodeNotAvail, UnavailableNodes:node3|1||4294901758|2026-12-06T03:00:09|root|n/a|x
 """
 
 

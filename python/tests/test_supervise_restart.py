@@ -810,7 +810,7 @@ def test_with_max_restarts_the_inventorys_other_recorded_nodes_are_spares(tmp_pa
     assert planned.host_dirs["node2"] == "/var/lib/ddp-cluster/node2/workspace/jobs/j1"
     assert planned.to_dict()["spares"] == ["node2"]
     restarts = [line for line in planned.lines() if "restarts up to 1 time(s)" in line]
-    assert len(restarts) == 1 and "spares: node2; never with fewer nodes" in restarts[0]
+    assert len(restarts) == 1 and "spares: up to 1 more node(s) Slurm has free at the start" in restarts[0]
     fewer = plan.make_plan(request(max_restarts=1, min_nodes="1"), OPTIONS, inventory(tmp_path, THREE))
     assert fewer.spec.min_nodes == 1 and "down to min_nodes=1" in fewer.lines()[-1]
 

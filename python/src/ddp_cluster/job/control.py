@@ -31,8 +31,12 @@ as the node's loss at once (the controller's own network may have blinked; ssh's
 from __future__ import annotations
 
 import contextlib
+import getpass
+import json
 import os
+import re
 import shlex
+import socket
 import stat
 import tempfile
 import time
@@ -43,7 +47,7 @@ from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
-from ddp_cluster.job import node_jobs
+from ddp_cluster.job import node_jobs, queue
 from ddp_cluster.job import plan as planning
 from ddp_cluster.job import secrets as job_secrets
 from ddp_cluster.job import status as job_status
@@ -70,6 +74,13 @@ SUPERVISOR_LOG = "supervisor.log"
 # Seconds between two claims of nodes another job holds, with wait_for_nodes.
 CLAIM_POLL = 5.0
 LAST_WORDS = "last-words"
+# A stop asked with jobs.yml (report.STOPPED_BY_JOBS): the report takes it as asked, not as a failure.
+STOPPED_BY_JOBS = "stopped with jobs.yml"
+# Seconds a job Slurm said it is about to schedule (reason None) is given to start, before detach=true
+# returns with it queued.
+SCHEDULING = 10.0
+# Seconds between two looks at Slurm's queue in the first SCHEDULING seconds.
+QUEUE_POLL_FIRST = 0.25
 
 
 class AttachError(DdpClusterError):
@@ -218,27 +229,30 @@ def link_check(path: str, node: str) -> str:
     return f"if [ -L {where} ]; then echo {said} >&2; exit 3; fi"
 
 
-def start_command(
-    plan: Mapping[str, Any], node: str, bundle: str, checkpoint: str = "", secrets_file: str = ""
-) -> str:
-    """The first node's server: the job's files (``bundle``, ``checkpoint`` and ``secrets_file``, put there
-    already) into the job's directory, then the supervisor started detached in the node container.
+def files_steps(
+    plan: Mapping[str, Any], node: str, target: str, bundle: str, checkpoint: str = "", secrets_file: str = ""
+) -> list[str]:
+    """The server's commands that put the job's files (``bundle``, ``checkpoint`` and ``secrets_file``, put
+    on the server already) into the folder ``target`` of the node container: the job's directory, or the
+    folder where a Slurm job's files wait for its start (:func:`ddp_cluster.job.queue.staged_dir`).
 
     The files are fed into the node container and written there by its own root: the job's directory is in
     the workspace a job's code can write, so nothing of it is touched by the server's root (a link planted
     there leads nowhere on the server). A link in place of the jobs' directory or the job's is refused,
-    named. The job's directory is 0700, its secrets 0600; the copy of the secrets put on the server is
-    removed once installed (its values are never on a command line)."""
-    job_dir = str(plan["job_dir"]).rstrip("/")
-    where, folder = shlex.quote(job_dir), shlex.quote(f"{job_dir}/output/{checkpoint_names.FOLDER}")
-    jobs = node_jobs.jobs_dir(job_dir)
+    named. The folder is 0700, the secrets 0600; the copy of the secrets put on the server is removed once
+    installed (its values are never on a command line)."""
+    where = shlex.quote(target)
+    folder = shlex.quote(f"{target}/output/{checkpoint_names.FOLDER}")
+    jobs = node_jobs.jobs_dir(str(plan["job_dir"]))
+    parent = str(Path(target).parent)
     unpack = "; ".join(
         [
             "set -e",
             "umask 077",
             link_check(jobs, node),
             f"mkdir -p {shlex.quote(jobs)}",
-            link_check(job_dir, node),
+            *([link_check(parent, node), f"mkdir -p {shlex.quote(parent)}"] if parent != jobs else []),
+            link_check(target, node),
             f"mkdir -p {where}",
             f"chmod 0700 {where}",
             f"mkdir -p {folder}",
@@ -252,16 +266,109 @@ def start_command(
         install = f"umask 077 && cat > {folder}/.{name}.tmp && mv -f {folder}/.{name}.tmp {folder}/{name}"
         steps.append(fed(node, install, checkpoint))
     if secrets_file:
-        target = f"{where}/{job_secrets.FILE}"
-        install = f"umask 077 && cat > {target}.tmp && chmod 0600 {target}.tmp && mv -f {target}.tmp {target}"
+        into = f"{where}/{job_secrets.FILE}"
+        install = f"umask 077 && cat > {into}.tmp && chmod 0600 {into}.tmp && mv -f {into}.tmp {into}"
         put = shlex.quote(secrets_file)
         steps.append(f"{{ {fed(node, install, secrets_file)}; done=$?; rm -f {put}; [ $done = 0 ]; }}")
+    return steps
+
+
+def start_command(
+    plan: Mapping[str, Any], node: str, bundle: str, checkpoint: str = "", secrets_file: str = ""
+) -> str:
+    """The first node's server: the job's files into the job's directory (:func:`files_steps`), then the
+    supervisor started detached in the node container."""
+    job_dir = str(plan["job_dir"]).rstrip("/")
+    where = shlex.quote(job_dir)
+    steps = files_steps(plan, node, job_dir, bundle, checkpoint, secrets_file)
     supervise = (
         f". {node_jobs.NODE_ENV} && exec python -m ddp_cluster.supervise --job-dir {where}"
         f" > {where}/supervisor.log 2>&1"
     )
     steps.append(in_container(node, supervise, detach=True, shell="/bin/bash"))
     return " && ".join(steps)
+
+
+# The submit command's line that names the Slurm job (sbatch --parsable: "ID" or "ID;cluster").
+SUBMITTED = "slurm-job: "
+BATCH_SCRIPT = "slurm-batch.sh"
+
+
+def submitter() -> str:
+    """Who submits, for Slurm's comment on the job: this controller's user and host."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    said = f"{user}@{socket.gethostname()}"
+    return re.sub(r"[^A-Za-z0-9._@-]", "_", said)[:120]
+
+
+def submit_command(
+    plan: Mapping[str, Any],
+    node: str,
+    bundle: str,
+    checkpoint: str = "",
+    secrets_file: str = "",
+    comment: str = "",
+) -> str:
+    """The submitting node's server: the job's files staged in the node container
+    (:func:`ddp_cluster.job.queue.staged_dir`), its batch script beside them, then ``sbatch``
+    (:func:`ddp_cluster.job.queue.sbatch_argv`), which prints :data:`SUBMITTED` and Slurm's job id. A
+    staged folder of the same id there already (a twin start) is refused; a refused sbatch removes what
+    was staged."""
+    slurm = plan["slurm"]
+    staged = str(queue.staged_dir(str(plan["job_dir"])))
+    script = f"{staged}/{BATCH_SCRIPT}"
+    jobs = node_jobs.jobs_dir(str(plan["job_dir"]))
+    parent = str(Path(staged).parent)
+    # the staged folder is made here, alone (mkdir: of two starts of one id, exactly one makes it)
+    twin = "; ".join(
+        [
+            link_check(jobs, node),
+            link_check(parent, node),
+            f"mkdir -p {shlex.quote(parent)}",
+            f"mkdir -m 0700 {shlex.quote(staged)} 2>/dev/null || {{ echo 'job {plan['id']} is being submitted"
+            f" already by another train.yml (its files are staged in {staged} on {node}): a job id names one"
+            " job' >&2; exit 4; }",
+        ]
+    )
+    argv = queue.sbatch_argv(
+        str(plan["id"]),
+        int(slurm["nodes"]),
+        timeout_s=int(float(plan["timeout"])) + GRACE + STOP_WAIT,
+        comment=comment,
+        selection=queue.Selection(tuple(slurm.get("nodelist") or ()), tuple(slurm.get("exclude") or ())),
+        partition=str(slurm.get("partition") or ""),
+        qos=str(slurm.get("qos") or ""),
+        spares=int(slurm.get("spares") or 0),
+        script=script,
+    )
+    submit = "; ".join(
+        [
+            "set -e",
+            f"printf %s {shlex.quote(queue.batch_script(str(plan['job_dir']), node))}"
+            f" > {shlex.quote(script)}",
+            f"chmod 0700 {shlex.quote(script)}",
+            "cd /tmp",
+            f'out=$({shlex.join(argv)} 2>&1) || {{ echo "sbatch: $out" >&2; rm -rf {shlex.quote(staged)};'
+            " exit 5; }",
+            f'echo "{SUBMITTED}$out"',
+        ]
+    )
+    steps = [in_container(node, twin), *files_steps(plan, node, staged, bundle, checkpoint, secrets_file)]
+    steps.append(in_container(node, submit, shell="/bin/bash"))
+    # files that could not be staged are removed, so that the id may be submitted again
+    unstage = in_container(node, f"rm -rf {shlex.quote(staged)}")
+    return f"{{ {' && '.join(steps)}; }} || {{ rc=$?; [ $rc = 4 ] || {unstage}; exit $rc; }}"
+
+
+def allocation(entry: queue.Entry, wanted: int) -> dict[str, Any]:
+    """The nodes Slurm gave a job (its batch host first, as the job's first node, then Slurm's order): the
+    first ``wanted`` run it, the rest are its spares."""
+    first = entry.batch_host or (entry.nodelist[0] if entry.nodelist else "")
+    nodes = [first, *(node for node in entry.nodelist if node != first)]
+    return {"first": nodes[0], "nodes": nodes[:wanted], "spares": nodes[wanted:]}
 
 
 @dataclass
@@ -302,7 +409,37 @@ class JobControl:
 
     def run(self) -> dict[str, Any]:
         """Start (or attach to) the job and follow it; the action's result: ``failed`` and ``msg``, or
-        ``changed``, ``state``, ``status`` (and ``detached``)."""
+        ``changed``, ``state``, ``status`` (and ``detached``; ``moved``: the node that holds the job now;
+        ``allocation``: the nodes Slurm gave it, which the later plays collect from)."""
+        result = self.follow()
+        if self.plan.get("allocated"):
+            result["allocation"] = {"nodes": self.plan["nodes"], "spares": self.plan["spares"]}
+        return result
+
+    def slurm_start(self) -> dict[str, Any] | None:
+        """A Slurm job: submitted (unless it was), waited for in the queue until Slurm gives it nodes; None
+        when it runs on this node, else the action's result (``moved`` to its first node, queued, failed)."""
+        if not self.plan.get("slurm_id") and (error := self.submit()):
+            return {
+                "failed": True,
+                "msg": f"{self.label}: could not submit it to Slurm on {self.node}: {error}",
+            }
+        if not self.plan.get("allocated"):
+            if (queued := self.through_queue()) is not None:
+                return queued
+            self.say(
+                f"{self.label}: Slurm job {self.plan['slurm_id']} runs on {', '.join(self.plan['nodes'])}"
+            )
+        if self.plan["first"] != self.node:  # Slurm started it on another node: followed there
+            return {"changed": True, "moved": self.plan["first"], "status": {}}
+        return None
+
+    def follow(self) -> dict[str, Any]:
+        """:meth:`run`, without the allocation."""
+        if self.plan.get("slurm") and not self.plan.get("follow") and not self.plan.get("allocated"):
+            if (elsewhere := self.slurm_start()) is not None:
+                return elsewhere
+            self.plan = {**self.plan, "started": True}
         plan, node, label = self.plan, self.node, self.label
         if not plan.get("follow"):
             self.interrupt.unlink(missing_ok=True)
@@ -316,14 +453,19 @@ class JobControl:
                     else f"the job's first node was lost and {node}, its standby, did not take the job over"
                     f" within {self.takeover_bound:g} s (no status of its own in {self.status_file})"
                 ) + "; `ansible-playbook jobs.yml` lists the cluster's jobs"
+                if plan.get("slurm_id") and node == plan.get("first"):
+                    reason = self.not_started_in_slurm()
                 self.say(f"{label}: {reason}")
-                lost = (str(plan["first"]),)
+                lost = (str(plan["first"]),) if not plan.get("slurm_id") else ()
                 # this node's results are the run's (the checkpoint copies): the report lays them out
                 return self.written(
                     Status(state="failed", reason=reason, lost_nodes=lost, supervisor_node=node)
                 )
-            self.say(f"{label}: followed to {node}, which took the job over ({first.state})")
-        elif plan.get("attach"):
+            if plan.get("slurm_id") and node == plan.get("first"):
+                self.say(f"{label}: following it on {node}, its first node, where Slurm started it")
+            else:
+                self.say(f"{label}: followed to {node}, which took the job over ({first.state})")
+        elif plan.get("attach") and not plan.get("started"):
             first = self.read()
             standby = self.standby(first)
             if standby and (first is None or not first.done) and self.supervisor_not_here():
@@ -339,7 +481,7 @@ class JobControl:
                     " or the job never started there; `ansible-playbook jobs.yml` lists the cluster's jobs",
                 }
             self.say(f"{label}: attached ({first.state}, nodes {', '.join(first.nodes)})")
-        elif error := self.start():
+        elif not plan.get("slurm") and (error := self.start()):
             return {"failed": True, "msg": f"{label}: could not start on {node}: {error}"}
         status = None
         if plan.get("detach") and not plan.get("attach"):
@@ -366,6 +508,153 @@ class JobControl:
             )
             return {"changed": False, "moved": standby, "status": status.to_dict() if status else {}}
         return self.written(self.finish(status))
+
+    # --- Slurm ------------------------------------------------------------------------------------------
+    def slurm(self, command: str) -> str:
+        """A Slurm command's output, run in the node container; raises Unreachable."""
+        done = self.transport.run(in_container(self.node, command))
+        return done.stdout if done.rc == 0 else f"{done.stdout}\n{done.stderr}"
+
+    def submit(self) -> str:
+        """Put the job's files on this node, staged, and submit it to Slurm (its id kept in the plan); ''
+        or what went wrong."""
+        try:
+            bundle = self.transport.put(str(self.plan["bundle"]))
+            checkpoint = self.plan.get("resume_checkpoint") or ""
+            put = self.transport.put(str(checkpoint)) if checkpoint else ""
+            secrets_file = self.put_secrets()
+            done = self.transport.run(
+                submit_command(self.plan, self.node, bundle, put, secrets_file, submitter())
+            )
+        except Unreachable as error:
+            return str(error)[-500:]
+        if done.rc != 0:
+            return done.said()
+        said = [line for line in done.stdout.splitlines() if line.startswith(SUBMITTED)]
+        slurm_id = said[-1].removeprefix(SUBMITTED).split(";")[0].strip() if said else ""
+        if not slurm_id.isdigit():
+            return f"sbatch said no job id ({done.stdout.strip()[-300:]})"
+        self.remember(slurm_id=slurm_id, submitted_on=self.node)
+        self.say(f"{self.label}: submitted to Slurm as job {slurm_id}")
+        return ""
+
+    def remember(self, **changes: Any) -> None:
+        """The plan with CHANGES, here and in runs/<id>/plan.json (attach, the report and the later plays
+        read it there)."""
+        plan = dict(self.plan)
+        plan.update(changes)
+        path = str(plan.get("plan_path") or Path(plan["run_dir"], planning.PLAN_FILE))
+        kept = {key: value for key, value in plan.items() if key not in (*planning.OVERRIDES, "plan_path")}
+        with contextlib.suppress(OSError):
+            write_atomic(Path(path), json.dumps(kept).encode())
+        self.plan = plan
+
+    def through_queue(self) -> dict[str, Any] | None:
+        """Wait while Slurm holds the job in its queue, saying its place and why it waits; None once Slurm
+        gave it nodes (the plan then names them), else the action's result: detached while queued, left
+        queued after queue_timeout, cancelled (Ctrl-C, or in Slurm), or Slurm unreachable."""
+        slurm_id, label = str(self.plan["slurm_id"]), self.label
+        bound = float((self.plan.get("slurm") or {}).get("queue_timeout") or 0)
+        started = self.clock()
+        deadline = started + bound
+        command = f"squeue -h -t all -j {slurm_id} -o {shlex.quote(queue.SQUEUE_FORMAT)} 2>&1; squeue -h -t"
+        command += f" PENDING -o {shlex.quote(queue.SQUEUE_FORMAT)} 2>/dev/null"
+        said, unanswered = "", 0
+        while True:
+            try:
+                output = self.slurm(command)
+                entries = list({entry.slurm_id: entry for entry in queue.parse_squeue(output)}.values())
+                unanswered = 0
+            except (Unreachable, queue.QueueError) as error:
+                unanswered += 1
+                if unanswered >= 10:
+                    return {
+                        "failed": True,
+                        "msg": f"{label}: Slurm does not answer on {self.node} ({error}):"
+                        f" the job stays submitted as Slurm job {slurm_id}; train.yml -e"
+                        f" attach={self.plan['id']} follows it",
+                    }
+                self.sleep(2.0)
+                continue
+            mine = next((entry for entry in entries if entry.slurm_id == slurm_id), None)
+            if mine is None or (not mine.pending and not mine.nodelist):
+                state = mine.state if mine else "gone from Slurm's queue"
+                self.unstage()
+                if self.plan.get("stopped"):  # jobs.yml -e stop=ID cancelled it
+                    said = (
+                        f"{STOPPED_BY_JOBS} -e stop={self.plan['id']} while it waited in Slurm's queue"
+                        f" (Slurm job {slurm_id} cancelled); nothing ran"
+                    )
+                    self.say(f"{label}: {said}")
+                    return self.never_ran(Status(state="failed", reason=said, interrupted=said))
+                reason = (
+                    f"Slurm job {slurm_id} ended ({state}) before it was given nodes: scancel, or an"
+                    " administrator, cancelled it"
+                )
+                self.say(f"{label}: {reason}")
+                return self.never_ran(Status(state="failed", reason=reason))
+            if not mine.pending:
+                self.remember(allocated=True, **allocation(mine, len(self.plan["nodes"])))
+                return None
+            where = queue.place(entries, mine.name)
+            line = f"{label}: queued as Slurm job {slurm_id}"
+            line += f", {where[0]} of {where[1]} waiting" if where else ""
+            line += f": {mine.waiting()}"
+            if line != said:
+                self.say(line)
+                said = line
+            if self.interrupt.exists():
+                self.slurm(f"scancel {slurm_id}")
+                self.unstage()
+                reason = (
+                    f"cancelled in Slurm's queue (Ctrl-C on the controller): Slurm job {slurm_id};"
+                    " nothing ran"
+                )
+                self.say(f"{label}: {reason}")
+                return self.never_ran(Status(state="failed", reason=reason, interrupted=reason))
+            # detach returns once Slurm says why the job waits (its first answer may be before its first
+            # scheduling pass: reason None, about to be scheduled)
+            settled = mine.reason != "None" or self.clock() >= started + SCHEDULING
+            if (self.plan.get("detach") and settled) or self.clock() >= deadline:
+                why = "detached" if self.plan.get("detach") else f"still queued after {bound:g} s"
+                self.say(
+                    f"{label}: {why}: it stays queued as Slurm job {slurm_id} and starts by itself when Slurm"
+                    " gives it nodes"
+                )
+                for line in follow_commands(str(self.plan["id"])):
+                    self.say(line)
+                return {"changed": True, "detached": True, "state": "queued", "status": {}}
+            # often while Slurm may be about to start it (on free nodes, within a second), then every 1 s
+            self.sleep(QUEUE_POLL_FIRST if self.clock() < started + SCHEDULING else 1.0)
+
+    def never_ran(self, final: Status) -> dict[str, Any]:
+        """The result of a job that ended in Slurm's queue: no node ran it (nothing to collect)."""
+        return {**self.written(final), "started": False}
+
+    def unstage(self) -> None:
+        """What was staged for a job that will not start removed from the submitting node."""
+        staged = shlex.quote(str(queue.staged_dir(str(self.plan["job_dir"]))))
+        node = str(self.plan.get("submitted_on") or self.node)
+        if node == self.node:
+            with contextlib.suppress(Unreachable):
+                self.transport.run(in_container(self.node, f"rm -rf {staged}"))
+
+    def not_started_in_slurm(self) -> str:
+        """Why the job's supervisor did not start on the node Slurm gave it: its last words there, or the
+        batch script's output."""
+        job = str(self.plan["job_dir"]).rstrip("/").rsplit("/", 1)[-1]
+        output = queue.OUTPUT.replace("%j", str(self.plan["slurm_id"]))
+        words = shlex.quote(f"/tmp/ddp-cluster/{job}.{LAST_WORDS}")
+        command = f"cat {words} {shlex.quote(output)} 2>/dev/null | tail -n 5"
+        try:
+            said = " / ".join(line.strip() for line in self.slurm(command).splitlines() if line.strip())[
+                -800:
+            ]
+        except Unreachable:
+            said = ""
+        return f"Slurm job {self.plan['slurm_id']} did not start the job on {self.node}: " + (
+            said or "it said nothing (see scontrol show job and the node's slurmd log)"
+        )
 
     def written(self, final: Status) -> dict[str, Any]:
         """The action's result for the job's last status, written to runs/<id>/status.json too."""

@@ -33,6 +33,8 @@ PING_LINE = re.compile(r"^ping (\S+) (\S+) (\S+) ?(.*)$")
 BUSY_POLL = 5.0
 # The script's line when the job's directory is on the node already: its id was used there before.
 EXISTS = "exists: "
+# What the check says of a job's directory on the node already.
+USED = "is there already"
 # The first node's line: the listen backlog of its network namespace (the store's, rank 0's and mpirun's).
 BACKLOG = "somaxconn: "
 # Linux's largest listen backlog cluster_host sets (a larger job gets what the kernel allows: no refusal).
@@ -134,7 +136,7 @@ def problems(
             " `ansible-playbook site.yml`, then run train.yml again."
         ]
     found = [
-        f"{node}: the job's directory {line.removeprefix(EXISTS)} is there already: job id {own} was used"
+        f"{node}: the job's directory {line.removeprefix(EXISTS)} {USED}: job id {own} was used"
         " before on this node, and a job id names one job. Pick another job_id, or leave job_id out (a"
         " fresh one is made); the earlier job's files stay where they are (ansible-playbook jobs.yml lists"
         " it)."
@@ -294,6 +296,11 @@ def check_nodes(
     ``failed`` and ``msg`` naming every problem of every node, or ``checked`` and ``waited``."""
     first, nodes = str(plan["first"]), [str(node) for node in plan["nodes"]]
     port, own = int(plan["master_port"]), str(plan["id"])
+    if plan.get("slurm"):
+        # A job Slurm schedules: every node it may be given is asked whether the job's id was used there
+        # (and its image's start files are put back); which of them are free is Slurm's to say, and the nodes
+        # it gives are checked whole where it starts the job (ddp_cluster.supervisor.allocation).
+        nodes = list(dict.fromkeys([*nodes, *(str(node) for node in plan.get("host_dirs") or {})]))
     ranks = int(plan.get("world_size") or 0)
     jobs = node_jobs.jobs_dir(str(plan["job_dir"]))
     deadline = clock() + float(plan["timeout"])
@@ -317,10 +324,12 @@ def check_nodes(
             where = str((plan.get("host_dirs") or {}).get(node) or plan["job_dir"])
             answer = answers[node].replace(EXISTS + str(plan["job_dir"]), EXISTS + where)
             problems_here = problems(node, node, answer, node_port, [], own=own, ranks=ranks)
+            if plan.get("slurm"):
+                problems_here = [problem for problem in problems_here if USED in problem]
             for line in undone(node, answer):
                 say(line)
                 reset.append(line)
-            busy = busy_jobs(answer, own)
+            busy = {} if plan.get("slurm") else busy_jobs(answer, own)
             if waits(node, problems_here, busy, plan, clock() < deadline):
                 busy_now.append(node)
                 if node not in announced:

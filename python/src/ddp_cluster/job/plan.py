@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_cluster.ascend import ranktable
-from ddp_cluster.job import node_jobs, secrets
+from ddp_cluster.job import node_jobs, queue, secrets
 from ddp_cluster.job import spec as job
 from ddp_cluster.job.bundle import BUNDLE, PLAN_FILE, WORKDIR_ARCHIVE, load, pack_project, write_files
 from ddp_cluster.job.records import (
@@ -205,6 +205,10 @@ class Plan:
     wait_for_nodes: bool = False  # nodes busy with another job are waited for (within job_timeout)
     skipped: Mapping[str, str] = field(default_factory=dict)  # drained node passed over -> why (its record)
     drain_unknown: Sequence[str] = ()  # nodes whose drain record could not be read before the plan
+    # A job Slurm schedules (train.yml's jobs): how it is submitted (queue.sbatch_argv's nodes, spares,
+    # selection, partition, qos) and how long train.yml waits for it in the queue; empty: started directly
+    # (a health gate). Its ``nodes`` are the candidates Slurm would give now; the nodes it gives replace them.
+    slurm: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -248,6 +252,8 @@ class Plan:
         if self.resume_checkpoint:
             line += f", resuming from {self.resume_checkpoint}"
         lines = [line]
+        if self.slurm:
+            lines.append(f"{self.label} {spec.id}: {slurm_line(self.slurm, spec.nodes)}")
         if self.resume_skipped:
             lines.append(
                 f"{self.label} {spec.id}: passed over newer checkpoint(s): {'; '.join(self.resume_skipped)}"
@@ -270,6 +276,12 @@ class Plan:
         if spec.max_restarts:
             fewer = f"down to min_nodes={spec.min_nodes}" if spec.min_nodes else "never with fewer nodes"
             spares = ", ".join(spec.spares) or "none in the inventory"
+            if self.slurm:
+                spares = (
+                    f"up to {self.slurm['spares']} more node(s) Slurm has free at the start, held by the job"
+                    if self.slurm.get("spares")
+                    else "none in the inventory"
+                )
             lines.append(
                 f"{self.label} {spec.id}: restarts up to {spec.max_restarts} time(s) when a node is lost or a"
                 f" rank killed, from the newest checkpoint; spares: {spares}; {fewer}"
@@ -302,6 +314,52 @@ class Plan:
             lines=self.lines(),
         )
         return data
+
+
+def slurm_line(slurm: Mapping[str, Any], candidates: Sequence[str]) -> str:
+    """How a job goes to Slurm, as the plan says it."""
+    excluded = [node for node in slurm.get("exclude") or () if node not in (slurm.get("unfit") or ())]
+    selection = [f"on {', '.join(slurm['nodelist'])}"] if slurm.get("nodelist") else []
+    selection += [f"not on {', '.join(excluded)}"] if excluded else []
+    selection += [f"{key} {slurm[key]}" for key in ("partition", "qos") if slurm.get(key)]
+    said = f" ({'; '.join(selection)})" if selection else ""
+    return (
+        f"submitted to Slurm for {slurm['nodes']} whole node(s){said}; it runs where Slurm gives nodes"
+        f" ({named(candidates)} if free now), and waits in the queue while they are taken"
+    )
+
+
+def slurm_nodes(
+    inventory: Inventory, count: int, request: Mapping[str, Any], job_id: str
+) -> tuple[list[str], dict[str, str], queue.Selection]:
+    """A Slurm job's candidate nodes (choose_nodes among the nodes it may take: its nodelist first, never
+    one it excludes), the drained ones passed over, and its selection for sbatch: the nodes it must have,
+    and those it must not (the request's exclude, and the nodes drained or not converged here, which Slurm
+    must not give it either)."""
+    try:
+        asked = queue.select(count, request.get("nodelist"), request.get("exclude"), list(inventory.nodes))
+    except queue.QueueError as error:
+        raise PlanError([f"{error}. Nothing was started (job {job_id})"]) from None
+    unfit = {**{node: node_jobs.describe_drained(record) for node, record in inventory.drained.items()}}
+    unfit.update({node: unconverged_reason(why) for node, why in inventory.unconverged.items()})
+    if named_unfit := [node for node in asked.nodelist if node in unfit]:
+        raise PlanError(
+            [
+                f"nodelist names {', '.join(f'{node} ({unfit[node]})' for node in named_unfit)}, which takes"
+                " no job: give it back (ansible-playbook jobs.yml -e undrain=NODE, or site.yml for a node not"
+                f" converged) or leave it out of nodelist. Nothing was started (job {job_id})"
+            ]
+        )
+    pool = [
+        *asked.nodelist,
+        *(n for n in inventory.nodes if n not in asked.nodelist and n not in asked.exclude),
+    ]
+    nodes, skipped = choose_nodes(dataclasses.replace(inventory, nodes=pool), count, job_id)
+    avoid = [
+        *asked.exclude,
+        *(node for node in inventory.nodes if node in unfit and node not in asked.exclude),
+    ]
+    return nodes, skipped, queue.Selection(asked.nodelist, tuple(avoid))
 
 
 def run_cluster(run: Path) -> str | None:
@@ -446,6 +504,7 @@ class _Checked:
     preflight: bool
     detach: bool
     wait_for_nodes: bool
+    queue_timeout: int  # seconds train.yml waits for a queued job to start (0: not at all)
     gate_args: list[str]
     script: str  # as the user gave it: a path on the controller, or inside the project
     project: str  # the project directory as given (workdir), empty: none
@@ -498,6 +557,8 @@ def _check(
     preflight = flag(request["preflight"], "preflight", problems)
     detach = flag(request["detach"], "detach", problems)
     wait_for_nodes = flag(request["wait_for_nodes"], "wait_for_nodes", problems)
+    queue_timeout, problem = whole_number(request.get("queue_timeout", 3600), "queue_timeout", minimum=0)
+    problems += [f"{problem} (seconds; 0: return once queued)"] if problem and not gate else []
     gate_args, gate_problems = health_args(request)
     problems += gate_problems
     follow_links = flag(request["workdir_follow_links"], "workdir_follow_links", problems)
@@ -549,6 +610,7 @@ def _check(
         preflight=preflight,
         detach=detach,
         wait_for_nodes=wait_for_nodes,
+        queue_timeout=queue_timeout or 0,
         gate_args=gate_args,
         script=script,
         project=project,
@@ -629,20 +691,61 @@ def make_plan(
                 " nothing was started"
             ]
         )
-    nodes, skipped = choose_nodes(inventory, asked.count, base_id)
+    slurm: dict[str, Any] = {}
+    selection = queue.Selection()
+    if gate:
+        nodes, skipped = choose_nodes(inventory, asked.count, base_id)
+    else:
+        nodes, skipped, selection = slurm_nodes(inventory, asked.count, request, base_id)
     records = {node: node_record(inventory.records, node, inventory.records_dir) for node in nodes}
-    # The spares a restart may take: the inventory's undrained nodes beyond the job's that site.yml recorded.
+    # The spares a restart may take: the inventory's undrained nodes beyond the job's that site.yml recorded
+    # (a Slurm job: any it may be given, other than its candidates; Slurm gives it up to max_restarts more).
     spares = [
         node
-        for node in inventory.nodes[inventory.nodes.index(nodes[-1]) + 1 :]
+        for node in (
+            inventory.nodes[inventory.nodes.index(nodes[-1]) + 1 :]
+            if gate
+            else [node for node in inventory.nodes if node not in nodes and node not in selection.exclude]
+        )
         if node in inventory.records
         and node not in inventory.drained
         and node not in inventory.unconverged
         and not gate
         and asked.max_restarts
     ]
-    for node in spares:
-        records[node] = NodeRecord.from_dict(node, inventory.records[node])
+    # Any node Slurm may give the job (its first node may be one of them): where its directory would be. A
+    # node site.yml has not recorded (or whose record the plan cannot use) is one Slurm must not give it.
+    others, unrecorded = [], []
+    for node in inventory.nodes:
+        if gate or node in nodes or node in selection.exclude:
+            continue
+        if node in inventory.drained or node in inventory.unconverged:
+            continue
+        try:
+            records[node] = node_record(inventory.records, node, inventory.records_dir)
+            others.append(node)
+        except PlanError:
+            unrecorded.append(node)
+    spares = [node for node in spares if node in others]
+    if not gate:
+        slurm = {
+            "nodes": asked.count,
+            "spares": min(asked.max_restarts, len(spares)),
+            "nodelist": list(selection.nodelist),
+            "exclude": [*selection.exclude, *unrecorded],
+            # excluded because drained or not converged (the plan's lines name them)
+            "unfit": [
+                *(
+                    node
+                    for node in selection.exclude
+                    if node in inventory.drained or node in inventory.unconverged
+                ),
+                *unrecorded,
+            ],
+            "partition": str(request.get("partition") or ""),
+            "qos": str(request.get("qos") or ""),
+            "queue_timeout": asked.queue_timeout,
+        }
     spec_id = base_id + ("-preflight" if kind == "preflight" else "")
     run_dir = asked.runs_dir / base_id / ("preflight" if kind == "preflight" else "")
     networks: list[str] = []
@@ -692,7 +795,7 @@ def make_plan(
             except (ValueError, TypeError) as error:
                 raise PlanError([f"the job's rank table cannot be made: {error}"]) from None
             rank_table = ranktable.dumps(table)
-            if spares:  # a restart makes the table of its nodes on the cluster
+            if spares or not gate:  # a restart, or Slurm's nodes, make the table of its nodes on the cluster
                 visible.update({node: str(inventory.visible.get(node) or "") for node in spares})
                 spec = dataclasses.replace(
                     spec, recovery={"npu_plan": dict(inventory.npu_plan), "visible": visible}
@@ -716,7 +819,7 @@ def make_plan(
         spec=spec,
         base_id=base_id,
         run_dir=str(run_dir).rstrip("/"),
-        host_dirs={node: f"{records[node].workspace}/jobs/{spec_id}" for node in [*nodes, *spares]},
+        host_dirs={node: f"{records[node].workspace}/jobs/{spec_id}" for node in [*nodes, *spares, *others]},
         script="" if gate or asked.project else str(script_path or ""),
         workdir="" if gate else project_dir,
         resume_checkpoint=checkpoint,
@@ -724,7 +827,7 @@ def make_plan(
         cluster=inventory.cluster,
         rank_table=rank_table,
         ping=ping,
-        bindings={node: records[node].cpu_binding for node in nodes},
+        bindings={node: records[node].cpu_binding for node in [*nodes, *spares, *others]},
         packed=packed,
         preflight=kind == "train" and asked.preflight,
         collect_timeout=int(str(request["collect_timeout"])),
@@ -732,4 +835,5 @@ def make_plan(
         wait_for_nodes=asked.wait_for_nodes,
         skipped=skipped,
         drain_unknown=[node for node in inventory.drain_unknown if node in inventory.nodes],
+        slurm=slurm,
     )

@@ -12,15 +12,23 @@ Standard library only.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
+from ddp_cluster.job.node_jobs import NODE_ENV
 
 # squeue's fields, in this order, with a separator no field holds: id, name (our job id), state, reason,
-# node count, nodes, priority, submit time, user, comment.
-SQUEUE_FORMAT = "%i|%j|%T|%r|%D|%N|%Q|%V|%u|%k"
-SQUEUE_FIELDS = 10
+# node count, nodes, priority, submit time, user, the node that runs the batch script, comment.
+SQUEUE_FORMAT = "%i|%j|%T|%r|%D|%N|%Q|%V|%u|%B|%k"
+SQUEUE_FIELDS = 11
+# The staged folder of a submitted job on the node that submitted it (<jobs>/.staged/<id>), until Slurm
+# starts it; and where Slurm writes its batch script's output on the node that runs it.
+STAGED = ".staged"
+OUTPUT = "/tmp/ddp-cluster-slurm-%j.out"
 # Slurm's reasons for a pending job, as a user reads them (the rest are shown as Slurm gives them).
 REASONS = {
     "Resources": "waiting for nodes that other jobs hold",
@@ -143,6 +151,31 @@ def _short(items: Sequence[str], most: int = 8) -> str:
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
+def staged_dir(job_dir: str | Path) -> Path:
+    """Where train.yml stages a job's files on the node it submits from, until Slurm starts it there or on
+    another node (:mod:`ddp_cluster.supervisor.allocation` moves or copies them into the job's directory)."""
+    job = Path(str(job_dir).rstrip("/"))
+    return job.parent / STAGED / job.name
+
+
+# The batch script's word to the supervisor: the node whose staged folder holds the job's files (an
+# environment variable, so that the supervisor's command line is the one every check of a running
+# supervisor looks for: ``python -m ddp_cluster.supervise --job-dir JOB``).
+SUBMITTED_ON = "DDP_SUBMITTED_ON"
+
+
+def batch_script(job_dir: str, submitted_on: str) -> str:
+    """The job's batch script: the supervisor, started in the allocation with the files staged on the node
+    SUBMITTED_ON (:data:`SUBMITTED_ON`)."""
+    job = shlex.quote(str(job_dir).rstrip("/"))
+    return (
+        "#!/bin/bash\n"
+        "# ddp-cluster: the job's supervisor, in the nodes Slurm gave it\n"
+        f". {NODE_ENV}\n"
+        f"{SUBMITTED_ON}={shlex.quote(submitted_on)} exec python -m ddp_cluster.supervise --job-dir {job}\n"
+    )
+
+
 def time_limit(seconds: int) -> str:
     """A time limit of SECONDS (0: none) as sbatch's ``--time`` takes it, rounded up to whole minutes
     (Slurm's granularity): ``D-HH:MM:00``, or ``UNLIMITED``."""
@@ -163,12 +196,15 @@ def sbatch_argv(
     partition: str = "",
     qos: str = "",
     grace_s: int = 60,
+    spares: int = 0,
     script: str,
 ) -> list[str]:
     """sbatch's command line for our job JOB (its Slurm name) on NODES whole nodes: the time limit from
     job_timeout, who submitted it as its comment, USR1 to the batch shell GRACE_S seconds before the limit
-    (the supervisor's checkpoint-on-signal), the selection, partition and QOS; SCRIPT is the batch script's
-    path on the node that submits it."""
+    (the supervisor's checkpoint-on-signal), the selection, partition and QOS; up to SPARES nodes more when
+    Slurm has them free at the start (``--nodes=MIN-MAX``: a restart's spares, held in the allocation);
+    SCRIPT is the batch script's path on the node that submits it. ``--no-kill``: a node lost mid-job does
+    not end the allocation (the supervisor restarts the job on the nodes left and its spares)."""
     for label, value in (("partition", partition), ("qos", qos)):
         if value and not SLURM_NAME.match(value):
             raise QueueError(f"{label}={value!r} is not a Slurm name (letters, digits, '_' and '-')")
@@ -178,12 +214,13 @@ def sbatch_argv(
         "sbatch",
         "--parsable",
         f"--job-name={job}",
-        f"--nodes={nodes}",
+        f"--nodes={nodes}-{nodes + spares}" if spares > 0 else f"--nodes={nodes}",
         "--exclusive",
+        "--no-kill",
         f"--time={time_limit(timeout_s)}",
         f"--comment={comment}",
         f"--signal=B:USR1@{grace_s}",
-        "--output=/dev/null",
+        f"--output={OUTPUT}",
     ]
     if selection.nodelist:
         argv.append("--nodelist=" + ",".join(selection.nodelist))
@@ -210,6 +247,7 @@ class Entry:
     submitted: str
     user: str
     comment: str
+    batch_host: str = ""  # the node that runs the batch script (the job's first node), once it runs
 
     @property
     def pending(self) -> bool:
@@ -233,7 +271,7 @@ def parse_squeue(text: str) -> list[Entry]:
         fields = line.split("|", SQUEUE_FIELDS - 1)
         if len(fields) != SQUEUE_FIELDS or not fields[0].strip().isdigit():
             raise QueueError(f"squeue printed a line of another format: {line[:200]!r}")
-        slurm_id, name, state, reason, count, nodelist, priority, submitted, user, comment = fields
+        slurm_id, name, state, reason, count, nodelist, priority, submitted, user, batch, comment = fields
         found.append(
             Entry(
                 slurm_id.strip(),
@@ -246,6 +284,7 @@ def parse_squeue(text: str) -> list[Entry]:
                 submitted,
                 user,
                 "" if comment == "(null)" else comment,
+                "" if batch in ("(null)", "n/a") else batch,
             )
         )
     return found
@@ -270,3 +309,39 @@ def by_name(entries: Iterable[Entry]) -> Mapping[str, Entry]:
         if entry.name not in found or int(entry.slurm_id) > int(found[entry.name].slurm_id):
             found[entry.name] = entry
     return found
+
+
+def from_dicts(items: Iterable[Mapping[str, object]]) -> list[Entry]:
+    """Entries as an action returned them (dataclasses.asdict)."""
+    found = []
+    for item in items:
+        fields: dict[str, Any] = {name: item[name] for name in Entry.__dataclass_fields__ if name in item}
+        fields["nodelist"] = tuple(str(node) for node in fields.get("nodelist") or ())
+        found.append(Entry(**fields))
+    return found
+
+
+def lines(entries: Sequence[Entry], down: str = "") -> list[str]:
+    """Slurm's queue as jobs.yml prints it: each job waiting (its place and why), running (where) or ended
+    lately (as Slurm remembers it), with its Slurm id and who submitted it."""
+    if down:
+        return [f"Slurm's queue: unknown ({down}); `squeue` on a node shows it"]
+    if not entries:
+        return ["Slurm's queue: empty"]
+    rows = [("job", "slurm id", "state", "nodes", "why / where", "submitted by")]
+    order = sorted(
+        entries, key=lambda entry: (not entry.pending, entry.state != "RUNNING", int(entry.slurm_id))
+    )
+    for entry in order:
+        if entry.pending:
+            where = place(entries, entry.name)
+            said = (f"{where[0]} of {where[1]}: " if where else "") + entry.waiting()
+        else:
+            said = f"first node {entry.batch_host}" if entry.batch_host and entry.state == "RUNNING" else ""
+        nodes = ",".join(entry.nodelist) if entry.nodelist else str(entry.nodes)
+        rows.append((entry.name, entry.slurm_id, entry.state, nodes, said, entry.comment or entry.user))
+    widths = [max(len(str(row[index])) for row in rows) for index in range(len(rows[0]))]
+    return ["Slurm's queue (pending, running, ended lately):"] + [
+        "  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]

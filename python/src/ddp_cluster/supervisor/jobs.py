@@ -73,6 +73,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -87,6 +88,7 @@ from typing import Any
 from ddp_cluster.files import write_atomic
 from ddp_cluster.job import node_jobs
 from ddp_cluster.job import status as job_status
+from ddp_cluster.job.queue import STAGED
 from ddp_cluster.supervisor import drain
 from ddp_cluster.supervisor.remote import POOL, Mesh
 from ddp_cluster.supervisor.standby import supervisor_alive
@@ -559,6 +561,10 @@ def stop_here(jobs_dir: str, job: str, reason: str) -> dict[str, Any]:
         "released": False,
     }
     folder = Path(jobs_dir, job)
+    staged = Path(jobs_dir, STAGED, job)  # a job Slurm had not started yet: its files, waiting here
+    if staged.is_dir() and not staged.is_symlink():
+        shutil.rmtree(staged, ignore_errors=True)
+        done["unstaged"] = True
     if job in supervisors:
         if reason:
             write_atomic(folder / STOP_REASON, (reason + "\n").encode())

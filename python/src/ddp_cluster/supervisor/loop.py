@@ -61,11 +61,12 @@ from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import add_file, write_atomic
 from ddp_cluster.job import node_jobs, secrets, status
 from ddp_cluster.job import spec as jobspec
+from ddp_cluster.job.queue import SUBMITTED_ON
 from ddp_cluster.job.results import find_mpirun_log, mpirun_log
 from ddp_cluster.job.spec import JobSpec
 from ddp_cluster.job.status import Status
 from ddp_cluster.runtime import checkpoint_names
-from ddp_cluster.supervisor import drain, fence, recovery, replicas, stall, standby, telemetry
+from ddp_cluster.supervisor import allocation, drain, fence, recovery, replicas, stall, standby, telemetry
 from ddp_cluster.supervisor import jobs as node_claims
 from ddp_cluster.supervisor.failures import (
     DEVICE_FAULT,
@@ -90,6 +91,8 @@ STATUS_FILE = status.FILE
 # end without a status (a full disk: writing in place needs no new space); the controller reads it.
 LAST_WORDS = "last-words"
 LAST_WORDS_SIZE = 4096
+# The supervisor's own output, in the job's directory (job.control.SUPERVISOR_LOG).
+SUPERVISOR_LOG = "supervisor.log"
 PR_SET_PDEATHSIG = 1
 # Seconds a job's end waits for the checkpoint copies under way (the newest one off this node).
 REPLICAS_WAIT = 120.0
@@ -779,6 +782,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="this node is the job's standby and takes the job over from its lost first node NODE",
     )
     args = parser.parse_args(argv)
+    # Slurm started the job here (its batch script names the node whose staged folder holds its files)
+    if submitted_on := os.environ.pop(SUBMITTED_ON, ""):
+        if allocation.start_here(args.job_dir, submitted_on):
+            raise SystemExit(1)  # why, on stderr (Slurm's output) and in the job's last words
+        # Slurm is the job's allocator only: neither the launcher nor a rank may take the batch step's
+        # variables for its own (mpirun would start its daemons with srun, inside the step, and a restart's
+        # srun waits for a lost node; the run wrapper would read SLURM_PROCID as the rank)
+        allocation.forget_slurm(os.environ)
+        # the supervisor's own output, in the job's directory as when train.yml starts it
+        log = os.open(args.job_dir / SUPERVISOR_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        for stream in (1, 2):
+            os.dup2(log, stream)
+        os.close(log)
     try:
         args.spec = jobspec.load(args.job_dir / jobspec.JOB_FILE)
         args.launcher = args.spec.launch_argv()

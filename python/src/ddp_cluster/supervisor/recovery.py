@@ -297,7 +297,12 @@ def archive_attempt(
 def write_plan_files(supervisor: Supervisor) -> bytes:
     """This attempt's job.json, hostfile and (npu, rank_table) rank table, here; the tar of what the other
     nodes need (job.json, the rank table)."""
-    spec = supervisor.spec
+    return plan_files(supervisor.spec, supervisor.job_dir)
+
+
+def plan_files(spec: jobspec.JobSpec, job_dir: Path) -> bytes:
+    """SPEC's job.json, hostfile and (npu, rank_table) rank table written in JOB_DIR; the tar of what the
+    other nodes need (job.json, the rank table)."""
     files = {jobspec.JOB_FILE: spec.dumps().encode()}
     if spec.accelerator == "npu" and spec.hccl_init == "rank_table" and spec.recovery.get("npu_plan"):
         table = ranktable.job_rank_table_dict(
@@ -305,8 +310,8 @@ def write_plan_files(supervisor: Supervisor) -> bytes:
         )
         files["rank_table.json"] = ranktable.dumps(table).encode()
     for name, data in files.items():
-        write_atomic(supervisor.job_dir / name, data)
-    (supervisor.job_dir / "hostfile").write_text(spec.hostfile())
+        write_atomic(job_dir / name, data)
+    (job_dir / "hostfile").write_text(spec.hostfile())
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for name, data in files.items():
