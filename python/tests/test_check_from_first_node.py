@@ -315,3 +315,26 @@ def test_the_first_nodes_reset_runs_before_its_check_module_and_what_it_undid_is
     line = f"node0: undone what an earlier job left: {removed.removeprefix('reset: ')}"
     assert said == [line]
     assert result == {"changed": True, "checked": 2, "waited": False, "reset": [line]}
+
+
+def test_a_slurm_job_asks_every_node_it_may_be_given_about_the_master_port() -> None:
+    """Any node may be a Slurm job's first: a port held by something that is no job refuses the job before
+    the submit, named; a port held by another job is that job's, and Slurm waits for it."""
+    holder = "listening: LISTEN 0 5 0.0.0.0:29501 0.0.0.0:*"
+
+    def said(node: str, call: int) -> str:
+        if node == "node1":
+            return f"{holder}\n{report(node)}\nup\n"
+        if node == "node2":
+            return f"{holder}\n{report(node, busy='other')}\nup\n"
+        return idle(node, call)
+
+    first = FirstNode(said)
+    result = check_nodes(
+        plan(["node0"], slurm={"nodes": 1}, host_dirs={"node0": "", "node1": "", "node2": ""}), first
+    )
+    assert result["failed"] is True
+    assert "node1: the master port 29501 is taken" in result["msg"]
+    assert "node2" not in result["msg"] and "node0" not in result["msg"]
+    words = shlex.split(shlex.split(first.commands[0])[-1].split("&&", 1)[1])
+    assert "sport = :29501" in base64.b64decode(words[words.index("--command") + 1]).decode()

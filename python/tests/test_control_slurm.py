@@ -186,3 +186,38 @@ def test_the_supervisor_forgets_the_batch_steps_slurm_variables_so_mpirun_launch
     environ = {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "node[0-1]", "SBATCH_X": "1", "PATH": "/bin"}
     allocation.forget_slurm(environ)
     assert environ == {"DDP_SLURM_JOB_ID": "7", "PATH": "/bin"}
+
+
+def test_a_link_planted_in_place_of_the_jobs_directory_refuses_the_submit(tmp_path: Path) -> None:
+    command = control.submit_command(plan(tmp_path), "node0", "/tmp/b.tgz", comment="me@ctl")
+    assert "if [ -L /workspace/jobs/J1 ]" in command
+    assert "/workspace/jobs/J1 in node node0 is a symbolic link (to " in command
+
+
+def test_a_link_in_place_of_the_jobs_directory_in_the_allocation_is_refused(tmp_path: Path) -> None:
+    job_dir = tmp_path / "jobs" / "J1"
+    job_dir.parent.mkdir()
+    job_dir.symlink_to(tmp_path / "elsewhere")
+    staged = queue.staged_dir(job_dir)
+    staged.mkdir(parents=True)
+    with pytest.raises(allocation.AllocationError, match="is a symbolic link"):
+        allocation.take_files(job_dir, "node0", allocation.Mesh("node0"))
+    assert staged.is_dir() and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_lost_node_is_given_back_to_slurm_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddp_cluster.supervisor import recovery
+
+    asked: list[list[str]] = []
+
+    def run(argv: list[str], **_: Any) -> Any:
+        asked.append(argv)
+        return type("Done", (), {"returncode": 0})()
+
+    job = spec(nodes=["node0", "node1"], spares=["node2"], max_restarts=1)
+    monkeypatch.setenv("DDP_SLURM_JOB_ID", "7")
+    assert recovery.give_back_to_slurm(job, {"node1"}, run) == ["node1"]
+    assert asked[-1][3] == "nodelist=node0,node2"
+    assert asked[-1][:3] == ["scontrol", "update", "jobid=7"] and "node1" not in asked[-1][3]
+    monkeypatch.delenv("DDP_SLURM_JOB_ID")
+    assert recovery.give_back_to_slurm(job, {"node1"}, run) == [] and len(asked) == 1

@@ -88,5 +88,15 @@ def test_the_queue_reads_back_with_reasons_in_words_and_each_pending_jobs_place(
     assert queue.place(entries, "train-c") == (3, 3)
     assert queue.place(entries, "train-a") is None
     assert queue.by_name(entries)["train-b"].slurm_id == "42"
-    with pytest.raises(QueueError, match="another format"):
-        queue.parse_squeue("41 train-a RUNNING")
+    # other users' jobs none of ours can be (array and heterogeneous ids, a name holding the separator) and
+    # a purged id are passed over; Slurm not answering is an error
+    foreign = [
+        "41 train-a RUNNING",
+        "43_[1-4]|arr|PENDING|Priority|1||9|2026-12-06T03:00:00|bob|n/a|(null)",
+        "44+0|het|RUNNING|None|1|node1|9|2026-12-06T03:00:00|bob|node1|(null)",
+        "45|a|b|RUNNING|None|1|node1|9|2026-12-06T03:00:00|bob|node1|(null)",
+        "slurm_load_jobs error: Invalid job id specified",
+    ]
+    assert queue.parse_squeue("\n".join(foreign)) == []
+    with pytest.raises(QueueError, match="Unable to contact slurm controller"):
+        queue.parse_squeue("slurm_load_jobs error: Unable to contact slurm controller (connect failure)")

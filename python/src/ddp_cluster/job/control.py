@@ -327,6 +327,7 @@ def submit_command(
         [
             link_check(jobs, node),
             link_check(parent, node),
+            link_check(str(plan["job_dir"]).rstrip("/"), node),
             f"mkdir -p {shlex.quote(parent)}",
             f"mkdir -m 0700 {shlex.quote(staged)} 2>/dev/null || {{ echo 'job {plan['id']} is being submitted"
             f" already by another train.yml (its files are staged in {staged} on {node}): a job id names one"
@@ -419,6 +420,12 @@ class JobControl:
     def slurm_start(self) -> dict[str, Any] | None:
         """A Slurm job: submitted (unless it was), waited for in the queue until Slurm gives it nodes; None
         when it runs on this node, else the action's result (``moved`` to its first node, queued, failed)."""
+        if not self.plan.get("slurm_id") and self.plan.get("attach"):  # attach never submits
+            return {
+                "failed": True,
+                "msg": f"{self.label}: it was never submitted to Slurm (its train.yml stopped before):"
+                " nothing to attach to; run it again with train.yml",
+            }
         if not self.plan.get("slurm_id") and (error := self.submit()):
             return {
                 "failed": True,
@@ -436,13 +443,16 @@ class JobControl:
 
     def follow(self) -> dict[str, Any]:
         """:meth:`run`, without the allocation."""
+        if not self.plan.get("follow"):  # a Ctrl-C from here on (the submit, the queue) is this run's
+            self.interrupt.unlink(missing_ok=True)
         if self.plan.get("slurm") and not self.plan.get("follow") and not self.plan.get("allocated"):
             if (elsewhere := self.slurm_start()) is not None:
                 return elsewhere
             self.plan = {**self.plan, "started": True}
+            # the supervisor starts now, in the allocation: its silence is counted from here, not from the
+            # submit (a queue wait is no silence of its)
+            self._changed_at = self._probed_at = self._checked_at = self.clock()
         plan, node, label = self.plan, self.node, self.label
-        if not plan.get("follow"):
-            self.interrupt.unlink(missing_ok=True)
         if plan.get("follow"):
             first = self.await_takeover()
             if first is None:

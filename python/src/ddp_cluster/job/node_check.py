@@ -255,14 +255,17 @@ def encode(command: str) -> str:
     return base64.b64encode(command.encode()).decode()
 
 
-def fanout_command(first: str, nodes: Sequence[str], port: int, jobs: str, job_dir: str) -> str:
+def fanout_command(
+    first: str, nodes: Sequence[str], port: int, jobs: str, job_dir: str, port_everywhere: bool = False
+) -> str:
     """The first node's server's command: the first node's container checks ``nodes`` (itself included) and
-    prints one JSON line, node -> its check's output."""
+    prints one JSON line, node -> its check's output. ``port_everywhere``: every node is asked about the
+    master port (a Slurm job: any of them may be its first node)."""
     words = (
         "--me", first,
         "--nodes", ",".join(nodes),
         "--first", encode(node_script(port, jobs, job_dir)),
-        "--command", encode(node_script(None, jobs, job_dir)),
+        "--command", encode(node_script(port if port_everywhere else None, jobs, job_dir)),
     )  # fmt: skip
     # The first node's start files reset before its Python starts with its site (the check module's).
     line = f". {node_jobs.NODE_ENV} && python -m {CHECK_MODULE} {' '.join(map(shlex.quote, words))}"
@@ -298,7 +301,8 @@ def check_nodes(
     port, own = int(plan["master_port"]), str(plan["id"])
     if plan.get("slurm"):
         # A job Slurm schedules: every node it may be given is asked whether the job's id was used there
-        # (and its image's start files are put back); which of them are free is Slurm's to say, and the nodes
+        # and whether something that is no job holds the master port (any of them may be its first node;
+        # its image's start files are put back); which of them are free is Slurm's to say, and the nodes
         # it gives are checked whole where it starts the job (ddp_cluster.supervisor.allocation).
         nodes = list(dict.fromkeys([*nodes, *(str(node) for node in plan.get("host_dirs") or {})]))
     ranks = int(plan.get("world_size") or 0)
@@ -308,7 +312,9 @@ def check_nodes(
     reset: list[str] = []  # what the reset of each node's start files undid
     pending, announced = list(nodes), set[str]()
     while pending:
-        done = transport.run(fanout_command(first, pending, port, jobs, str(plan["job_dir"])))
+        done = transport.run(
+            fanout_command(first, pending, port, jobs, str(plan["job_dir"]), bool(plan.get("slurm")))
+        )
         said = done.stdout + ("\n" + done.stderr if done.stderr else "")
         answers = fanout_answers(said, pending)
         if answers is not None and first in answers:  # what the reset before the check module said
@@ -319,13 +325,17 @@ def check_nodes(
             break
         busy_now: list[str] = []
         for node in pending:
-            node_port = port if node == first else None
+            node_port = port if node == first or plan.get("slurm") else None
             # the job's directory named as on the node's server (its workspace), as the user finds it
             where = str((plan.get("host_dirs") or {}).get(node) or plan["job_dir"])
             answer = answers[node].replace(EXISTS + str(plan["job_dir"]), EXISTS + where)
             problems_here = problems(node, node, answer, node_port, [], own=own, ranks=ranks)
-            if plan.get("slurm"):
-                problems_here = [problem for problem in problems_here if USED in problem]
+            if plan.get("slurm"):  # a port held by another job is that job's, and Slurm's to wait for
+                problems_here = [
+                    problem
+                    for problem in problems_here
+                    if USED in problem or problem.startswith(f"{node}: the master port")
+                ]
             for line in undone(node, answer):
                 say(line)
                 reset.append(line)

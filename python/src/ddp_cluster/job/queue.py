@@ -25,6 +25,9 @@ from ddp_cluster.job.node_jobs import NODE_ENV
 # node count, nodes, priority, submit time, user, the node that runs the batch script, comment.
 SQUEUE_FORMAT = "%i|%j|%T|%r|%D|%N|%Q|%V|%u|%B|%k"
 SQUEUE_FIELDS = 11
+# squeue's error for a job id it does not know (ended and purged); the start of its other errors.
+UNKNOWN_ID = "Invalid job id specified"
+SLURM_ERRORS = ("slurm_load_jobs error", "squeue: error", "squeue: fatal")
 # The staged folder of a submitted job on the node that submitted it (<jobs>/.staged/<id>), until Slurm
 # starts it; and where Slurm writes its batch script's output on the node that runs it.
 STAGED = ".staged"
@@ -262,15 +265,21 @@ class Entry:
 
 
 def parse_squeue(text: str) -> list[Entry]:
-    """``squeue -h -o SQUEUE_FORMAT``'s lines as entries (a line of another shape is a QueueError: a format
-    this module did not ask for)."""
+    """``squeue -h -o SQUEUE_FORMAT``'s lines (its standard error with them) as entries.
+
+    Slurm's error that it does not know a job id (``squeue -j`` of a job purged from its memory) means no
+    entry; any other error of Slurm's is a QueueError (it does not answer). Lines of other users' jobs that
+    are none of ours to read are passed over: an array's or a heterogeneous job's id (``123_[1-4]``,
+    ``123+0``) and a name or comment holding the separator (ours never do)."""
     found = []
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or UNKNOWN_ID in line:
             continue
+        if line.startswith(SLURM_ERRORS):
+            raise QueueError(f"Slurm said: {line.strip()[:300]}")
         fields = line.split("|", SQUEUE_FIELDS - 1)
-        if len(fields) != SQUEUE_FIELDS or not fields[0].strip().isdigit():
-            raise QueueError(f"squeue printed a line of another format: {line[:200]!r}")
+        if len(fields) != SQUEUE_FIELDS or not fields[0].strip().isdigit() or "|" in fields[-1]:
+            continue
         slurm_id, name, state, reason, count, nodelist, priority, submitted, user, batch, comment = fields
         found.append(
             Entry(

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -95,6 +96,12 @@ def take_files(job_dir: Path, submitted_on: str, mesh: Mesh) -> None:
     """The staged files into the job's directory: moved here, or copied from the node that submitted the job
     over the mesh (its staged copy then removed)."""
     staged = staged_dir(job_dir)
+    if job_dir.is_symlink():  # planted by something in the node (a job's code can): nothing goes through it
+        raise AllocationError(
+            f"{job_dir} in node {mesh.me} is a symbolic link (to {os.readlink(job_dir)}), not a directory:"
+            " something in the node container made it (a job's code can); nothing was written through it."
+            f" Remove it (docker exec {mesh.me} rm {job_dir}) and run the job again"
+        )
     if submitted_on == mesh.me:
         if not staged.is_dir():
             raise AllocationError(f"the job's staged files {staged} are not here: submit it again")
@@ -102,24 +109,33 @@ def take_files(job_dir: Path, submitted_on: str, mesh: Mesh) -> None:
         return
     job_dir.mkdir(mode=0o700, parents=True)
     source = shlex.quote(str(staged))
-    copy = subprocess.run(
-        [*mesh.ssh(submitted_on), f"tar -C {source} -cf - ."],
-        capture_output=True,
-        timeout=DISTRIBUTE_TIMEOUT,
-        check=False,
-    )
-    unpacked = (
-        subprocess.run(
-            ["tar", "-xf", "-", "-C", str(job_dir), "--no-same-owner"],
-            input=copy.stdout,
+    try:
+        copy = subprocess.run(
+            [*mesh.ssh(submitted_on), f"tar -C {source} -cf - ."],
             capture_output=True,
+            timeout=DISTRIBUTE_TIMEOUT,
             check=False,
         )
-        if copy.returncode == 0
-        else None
-    )
-    if unpacked is None or unpacked.returncode != 0:
-        said = (copy.stderr if unpacked is None else unpacked.stderr).decode(errors="replace").strip()
+        unpacked = (
+            subprocess.run(
+                ["tar", "-xf", "-", "-C", str(job_dir), "--no-same-owner"],
+                input=copy.stdout,
+                capture_output=True,
+                timeout=DISTRIBUTE_TIMEOUT,
+                check=False,
+            )
+            if copy.returncode == 0
+            else None
+        )
+        said = (
+            ""
+            if unpacked is not None and unpacked.returncode == 0
+            else (copy.stderr if unpacked is None else unpacked.stderr).decode(errors="replace").strip()
+        )
+    except subprocess.TimeoutExpired:
+        said = f"no copy within {DISTRIBUTE_TIMEOUT:g} s"
+    if said or unpacked is None:
+        shutil.rmtree(job_dir, ignore_errors=True)  # half a copy (the secrets with it) is not left
         raise AllocationError(
             f"the job's files could not be copied from {submitted_on}, which submitted it ({said[-300:]})"
         )
@@ -168,9 +184,21 @@ def start_here(job_dir: Path, submitted_on: str, environ: Mapping[str, str] | No
     mesh = Mesh(socket.gethostname())
     try:
         prepare(job_dir, submitted_on, os.environ if environ is None else environ, mesh)
-    except (AllocationError, OSError, jobspec.JobSpecError, queue.QueueError) as error:
+    except (
+        AllocationError,
+        OSError,
+        jobspec.JobSpecError,
+        queue.QueueError,
+        subprocess.SubprocessError,
+    ) as error:
         said = f"{mesh.me}: the job cannot start in its Slurm allocation: {error}"
         print(said, file=sys.stderr)
+        # what was staged (the secrets with it) is not left behind by a job that does not start
+        if submitted_on == mesh.me:
+            shutil.rmtree(staged_dir(job_dir), ignore_errors=True)
+        else:
+            with contextlib.suppress(Exception):
+                mesh.run(submitted_on, f"rm -rf {shlex.quote(str(staged_dir(job_dir)))}")
         spare = Path("/tmp/ddp-cluster", f"{job_dir.name}.{LAST_WORDS}")
         with contextlib.suppress(OSError):
             spare.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
+import subprocess
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
@@ -40,6 +42,8 @@ ATTEMPTS = "attempts"
 # The job's files, unpacked on every node before the launcher starts (see Supervisor.run).
 BUNDLE = jobspec.BUNDLE_FILE
 LAUNCHER_LOG = "launcher.log"
+# Seconds for scontrol to answer (the job goes on without Slurm's answer).
+SLURM_TIMEOUT = 10
 # A node's answer to "did a rank here raise an error of the program?": the exception lines among the last
 # lines of each rank's log there (mpirun's, or torchrun's agent's with its ranks' lines), a few KiB at most.
 EXCEPTION_LINES = (
@@ -232,6 +236,8 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
         "steps_redone": max(0, last_step - resume_step) if last_step is not None else None,
         "checkpoints_skipped": skipped,
     }
+    if given_back := give_back_to_slurm(supervisor.spec, down | set(lost_before)):
+        record["given_back_to_slurm"] = given_back
     supervisor.restarts.append(record)
     supervisor.progress_at_restart = supervisor.progress()
     status = supervisor.status.status
@@ -244,6 +250,29 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
         ranks_running=False,
     )
     return True
+
+
+def give_back_to_slurm(spec: jobspec.JobSpec, lost: set[str], run: Any = subprocess.run) -> list[str]:
+    """The lost nodes taken out of the job's Slurm allocation (a job Slurm started: ``DDP_SLURM_JOB_ID``),
+    so that Slurm gives them to the next job once they are back rather than holding them for this one until
+    it ends; the nodes given back, [] when none was (not a Slurm job, or Slurm refused: the job goes on
+    either way)."""
+    slurm_id = os.environ.get("DDP_SLURM_JOB_ID", "")
+    kept = [node for node in (*spec.nodes, *spec.spares) if node not in lost]
+    gone = sorted(lost)
+    if not slurm_id.isdigit() or not gone or not kept:
+        return []
+    try:
+        done = run(
+            ["scontrol", "update", f"jobid={slurm_id}", f"nodelist={','.join(kept)}"],
+            capture_output=True,
+            text=True,
+            timeout=SLURM_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return gone if done.returncode == 0 else []
 
 
 # the last line of a spare's reset: it ran (the reset says nothing when nothing changed)
