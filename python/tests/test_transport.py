@@ -120,3 +120,19 @@ def test_a_node_is_asked_in_its_container_and_one_that_does_not_answer_is_down()
     assert stopped["changed"] is True
     down = node_jobs.ask(ActionTransport(FakeAction(rc=1), ()), "node3", "/workspace/jobs")
     assert down == {"changed": False, "down": "its container does not answer: oops"}
+
+
+def test_a_server_lost_after_the_put_keeps_its_temporary_folder_and_fails_nothing() -> None:
+    class Lost(FakeAction):
+        def __init__(self) -> None:
+            super().__init__()
+            self._connection = type("C", (), {"_shell": type("S", (), {"tmpdir": "/t/"})()})()
+
+        def _remove_tmp_path(self, tmp: str) -> None:
+            raise ConnectionFailed("Failed to connect to the host via ssh: No route to host")
+
+    action = Lost()
+    transport = ActionTransport(action, (ConnectionFailed,))
+    transport.put("/runs/J1/job.tar.gz")
+    transport.close()  # the action's own cleanup is not left to try it again on the lost server
+    assert action._connection._shell.tmpdir is None

@@ -538,6 +538,8 @@ class JobControl:
             )
         except Unreachable as error:
             return str(error)[-500:]
+        finally:  # the files put for it are staged in the node now (a server lost later has none to clean)
+            self.transport.close()
         if done.rc != 0:
             return done.said()
         said = [line for line in done.stdout.splitlines() if line.startswith(SUBMITTED)]

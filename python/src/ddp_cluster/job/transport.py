@@ -117,6 +117,11 @@ class ActionTransport:
         return remote
 
     def close(self) -> None:
+        """The temporary folder of what was put removed; a server that does not answer keeps it (Ansible
+        would otherwise fail the task on its way out: the job may be followed elsewhere meanwhile)."""
         if self._tmp:
-            self._action._remove_tmp_path(self._tmp)
-            self._tmp = ""
+            tmp, self._tmp = self._tmp, ""
+            try:
+                self._action._remove_tmp_path(tmp)
+            except self._unreachable:
+                self._action._connection._shell.tmpdir = None  # not asked again by the action's cleanup
