@@ -91,6 +91,7 @@ def test_the_submit_stages_the_files_and_asks_slurm_for_whole_nodes_with_spares_
     command = control.submit_command(plan(tmp_path), "node0", "/tmp/b.tgz", comment="me@ctl")
     assert "/workspace/jobs/.staged/J1" in command and "being submitted already" in command
     assert "--nodes=2-3" in command and "--exclude=node3" in command and "--comment=me@ctl" in command
+    assert "--no-kill" in command and "--no-requeue" in command
     assert "--time=0-00:13:00" in command  # job_timeout, then the controller's own grace and stop wait
     assert (
         "DDP_SUBMITTED_ON=node0 exec python -m ddp_cluster.supervise --job-dir /workspace/jobs/J1" in command
@@ -221,3 +222,18 @@ def test_a_lost_node_is_given_back_to_slurm_and_nothing_else(monkeypatch: pytest
     assert asked[-1][:3] == ["scontrol", "update", "jobid=7"] and "node1" not in asked[-1][3]
     monkeypatch.delenv("DDP_SLURM_JOB_ID")
     assert recovery.give_back_to_slurm(job, {"node1"}, run) == [] and len(asked) == 1
+
+
+def test_a_job_taken_over_by_its_standby_is_ended_in_slurm_by_its_name() -> None:
+    asked: list[list[str]] = []
+
+    def run(argv: list[str], **_: Any) -> Any:
+        asked.append(argv)
+        return type("Done", (), {"returncode": 0})()
+
+    def hangs(argv: list[str], **_: Any) -> Any:
+        raise allocation.subprocess.TimeoutExpired(argv, 10)
+
+    assert allocation.end_in_slurm("J1", run) is True
+    assert asked == [["scancel", "--quiet", "--name=J1"]]
+    assert allocation.end_in_slurm("J1", hangs) is False

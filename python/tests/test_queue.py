@@ -51,7 +51,7 @@ def test_sbatch_asks_for_whole_nodes_the_time_limit_the_warning_and_the_selectio
         partition="ddp", qos="high", script="/workspace/jobs/run-7/batch.sh",
     )  # fmt: skip
     assert argv == [
-        "sbatch", "--parsable", "--job-name=run-7", "--nodes=2", "--exclusive", "--no-kill",
+        "sbatch", "--parsable", "--job-name=run-7", "--nodes=2", "--exclusive", "--no-kill", "--no-requeue",
         "--time=0-01:01:00",
         "--comment=alice@ctl", "--signal=B:USR1@60", "--output=/tmp/ddp-cluster-slurm-%j.out",
         "--nodelist=node1",

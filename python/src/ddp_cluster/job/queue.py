@@ -207,7 +207,9 @@ def sbatch_argv(
     (the supervisor's checkpoint-on-signal), the selection, partition and QOS; up to SPARES nodes more when
     Slurm has them free at the start (``--nodes=MIN-MAX``: a restart's spares, held in the allocation);
     SCRIPT is the batch script's path on the node that submits it. ``--no-kill``: a node lost mid-job does
-    not end the allocation (the supervisor restarts the job on the nodes left and its spares)."""
+    not end the allocation (the supervisor restarts the job on the nodes left and its spares);
+    ``--no-requeue``: Slurm does not run the batch script again after its node failed (the job's files were
+    taken by its first start, and the standby takes the job over)."""
     for label, value in (("partition", partition), ("qos", qos)):
         if value and not SLURM_NAME.match(value):
             raise QueueError(f"{label}={value!r} is not a Slurm name (letters, digits, '_' and '-')")
@@ -220,6 +222,7 @@ def sbatch_argv(
         f"--nodes={nodes}-{nodes + spares}" if spares > 0 else f"--nodes={nodes}",
         "--exclusive",
         "--no-kill",
+        "--no-requeue",
         f"--time={time_limit(timeout_s)}",
         f"--comment={comment}",
         f"--signal=B:USR1@{grace_s}",

@@ -38,6 +38,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from ddp_cluster.job import node_check, node_jobs, queue
 from ddp_cluster.job import spec as jobspec
@@ -207,3 +208,24 @@ def start_here(job_dir: Path, submitted_on: str, environ: Mapping[str, str] | No
     finally:
         mesh.close()
     return ""
+
+
+# Seconds for scancel to answer (the job has ended either way).
+SCANCEL_TIMEOUT = 10
+
+
+def end_in_slurm(job: str, run: Any = subprocess.run) -> bool:
+    """The Slurm job named JOB (our job id) ended in Slurm, when the job ended on a node Slurm did not start
+    it on (its standby took it over): its batch host was lost with the first node, so nothing else would
+    end it, and its nodes would stay allocated. Whether scancel answered; nothing happens where Slurm has no
+    such job (a job started without Slurm)."""
+    try:
+        done = run(
+            ["scancel", "--quiet", f"--name={job}"],
+            capture_output=True,
+            timeout=SCANCEL_TIMEOUT,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0

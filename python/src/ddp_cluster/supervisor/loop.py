@@ -432,6 +432,7 @@ class Supervisor:
         self.status.status = mirrored.update(state="running", pid=os.getpid(), supervisor_node=self.me)
         self.started = self.status.started = time.time() - mirrored.elapsed
         survivors = [node for node in self.nodes if node != first]
+        won = False
         try:
             with self.pool() as pool:
                 # the job is this node's only once it won the fence on a majority of the job's voters: a first
@@ -439,6 +440,7 @@ class Supervisor:
                 election = self.elect(pool, unheard=[first])
                 if not election.won:
                     return self.stand_down(election, first, pool)
+                won = True
                 self.mesh.sweep(survivors, self.tag, pool, guard=self.guard())
                 failure = lost_nodes([first])
                 failure.reason = (
@@ -462,6 +464,8 @@ class Supervisor:
             self.telemetry.stop()
             self.release_claims()
             self.mesh.close()
+            if won:  # the job ended here: Slurm's batch host went with the first node
+                allocation.end_in_slurm(self.spec.id)
 
     def keep_copies(self, failure: Failure) -> None:
         """A job that ends after its first node was lost: say where the checkpoint copies are kept."""
