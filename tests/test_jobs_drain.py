@@ -61,6 +61,7 @@ def three(local_cluster_made: list[PlaybookResult]) -> Iterator[None]:
     finally:
         for node in NODES:
             node_exec(node, "rm -f /workspace/jobs/.drained", check=False)
+            node_exec(node, f"scontrol update nodename={node} state=resume", check=False)
         back = run_playbook("site.yml")
         assert back.rc == 0, back.stdout[-4000:]
 
@@ -109,6 +110,9 @@ def test_a_drained_node_is_listed_with_when_who_and_why(three: None) -> None:
     assert listed.rc == 0
     assert f"node0: drained since {found['since']} by {found['by']}: fan 3 failed" in listed.stdout
     assert "node1: drained since" in listed.stdout and "node2: free" in listed.stdout
+    # drained in Slurm too, with the reason and who drained it
+    slurm = node_exec("node0", "sinfo -h -N -n node0 -o '%t|%E'").stdout.strip()
+    assert slurm.startswith("drain|fan 3 failed (by ") and "@" in slurm, slurm
 
 
 def test_a_job_skips_the_drained_nodes_and_too_many_asked_is_refused(three: None) -> None:
@@ -136,3 +140,5 @@ def test_undrain_gives_the_nodes_back(three: None) -> None:
     listed = playbook("jobs.yml")
     assert all(f"{node}: free" in listed.stdout for node in NODES), listed.stdout[-3000:]
     assert not Path(STATE_DIR / "node0" / "workspace" / "jobs" / ".drained").exists()
+    states = node_exec("node0", "sinfo -h -N -o '%N %t'").stdout.split()
+    assert dict(zip(states[::2], states[1::2])) == dict.fromkeys(NODES, "idle"), states

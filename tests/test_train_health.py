@@ -123,6 +123,7 @@ def nsenter_tc(node: str, *args: str) -> subprocess.CompletedProcess[str]:
 def undrain(node: str) -> None:
     """A failed gate drains the node it names slow: give it back for the tests after."""
     node_exec(node, "rm -f /workspace/jobs/.drained", check=False)
+    node_exec(node, f"scontrol update nodename={node} state=resume", check=False)  # drained in Slurm too
 
 
 def test_a_node_with_a_slow_link_is_named(three_nodes: None) -> None:

@@ -234,6 +234,10 @@ def test_a_job_taken_over_by_its_standby_is_ended_in_slurm_by_its_name() -> None
     def hangs(argv: list[str], **_: Any) -> Any:
         raise allocation.subprocess.TimeoutExpired(argv, 10)
 
-    assert allocation.end_in_slurm("J1", run) is True
-    assert asked == [["scancel", "--quiet", "--name=J1"]]
-    assert allocation.end_in_slurm("J1", hangs) is False
+    started: list[list[str]] = []
+    assert allocation.end_in_slurm("J1", run, lambda argv, **_: started.append(argv)) is True
+    assert asked == [["scancel", "--quiet", "--name=J1"]] and started == []
+    # Slurm does not answer (its controller was lost with the first node): asked again, detached
+    assert allocation.end_in_slurm("J1", hangs, lambda argv, **_: started.append(argv)) is False
+    [again] = started
+    assert "scancel --quiet --name=J1 && exit 0" in again[-1] and "sleep 5" in again[-1]

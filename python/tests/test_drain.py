@@ -462,3 +462,29 @@ def test_after_a_gate_the_controller_says_which_nodes_were_drained() -> None:
     assert "--gate G1" in server.commands[0] and "--jobs-dir /workspace/jobs" in server.commands[0]
     quiet = node_jobs.drain_after_gate(Server("oops"), plan, "n0", "ops", False, said.append, warned.append)
     assert quiet == {"changed": False, "lines": []} and "gave no answer" in warned[-1]
+
+
+def test_a_drain_and_an_undrain_are_slurms_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=c\n")
+    asked: list[list[str]] = []
+
+    def run(argv: list[str], **_: Any) -> Any:
+        asked.append(argv)
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(drain.subprocess, "run", run)
+    monkeypatch.setattr(drain, "SLURM_CONF", str(conf))
+    monkeypatch.setattr(drain.socket, "gethostname", lambda: "node1")
+    drain.drain(str(tmp_path), "bad fan", "alice@ctl")
+    assert asked[-1] == [
+        "scontrol", "update", "nodename=node1", "state=drain", "reason=bad fan (by alice@ctl)"
+    ]  # fmt: skip
+    drain.undrain(str(tmp_path))
+    assert asked[-1] == ["scontrol", "update", "nodename=node1", "state=resume"]
+    drain.undrain(str(tmp_path))  # not drained: nothing asked of Slurm
+    drain.drain(str(tmp_path), "x", "a", check=True)
+    assert len(asked) == 2
+    conf.unlink()  # no Slurm on this node: nothing asked
+    drain.drain(str(tmp_path), "bad fan", "alice@ctl")
+    assert len(asked) == 2

@@ -49,6 +49,7 @@ def test_a_device_made_unhealthy_mid_job_ends_the_attempt_drains_its_node_and_th
         # The next tests get sim-server1 back: its chip healthy again, the node undrained.
         on_node("sim-server1", "rm -f /var/lib/ddp-doubles/state.json", check=False)
         on_server("sim-server1", f"rm -f {drained_file}", check=False)
+        on_node("sim-server1", "scontrol update nodename=sim-server1 state=resume", check=False)
     assert playbook.returncode == 0, output[-5000:]
     status = json.loads((RUNS / job / "status.json").read_text())
     [restart] = status["restarts"]

@@ -210,22 +210,37 @@ def start_here(job_dir: Path, submitted_on: str, environ: Mapping[str, str] | No
     return ""
 
 
-# Seconds for scancel to answer (the job has ended either way).
+# Seconds for scancel to answer (the job has ended either way); how long a job's end is told to a Slurm that
+# does not answer (its controller may have been lost with the job's first node), every SCANCEL_EVERY seconds.
 SCANCEL_TIMEOUT = 10
+SCANCEL_RETRY = 3600
+SCANCEL_EVERY = 5
 
 
-def end_in_slurm(job: str, run: Any = subprocess.run) -> bool:
+def end_in_slurm(job: str, run: Any = subprocess.run, retry: Any = subprocess.Popen) -> bool:
     """The Slurm job named JOB (our job id) ended in Slurm, when the job ended on a node Slurm did not start
     it on (its standby took it over): its batch host was lost with the first node, so nothing else would
-    end it, and its nodes would stay allocated. Whether scancel answered; nothing happens where Slurm has no
-    such job (a job started without Slurm)."""
+    end it, and its nodes would stay allocated. When Slurm does not answer (slurmctld ran on that first
+    node too), a detached loop here asks again every SCANCEL_EVERY seconds for SCANCEL_RETRY seconds, until
+    it is back. Whether Slurm answered at once; nothing happens where Slurm has no such job (a job started
+    without Slurm)."""
+    argv = ["scancel", "--quiet", f"--name={job}"]
     try:
-        done = run(
-            ["scancel", "--quiet", f"--name={job}"],
-            capture_output=True,
-            timeout=SCANCEL_TIMEOUT,
-            check=False,
-        )
+        done = run(argv, capture_output=True, timeout=SCANCEL_TIMEOUT, check=False)
+        if done.returncode == 0:
+            return True
     except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+        pass
+    again = (
+        f"end=$(( $(date +%s) + {SCANCEL_RETRY} )); while [ $(date +%s) -lt $end ]; do"
+        f" timeout {SCANCEL_TIMEOUT} {shlex.join(argv)} && exit 0; sleep {SCANCEL_EVERY}; done"
+    )
+    with contextlib.suppress(OSError):
+        retry(
+            ["/bin/sh", "-c", again],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return False

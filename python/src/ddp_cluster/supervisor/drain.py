@@ -35,6 +35,11 @@ the plan reads every node's state with ``--show --nodes`` on one node.
 * a device fault: the supervisor (:mod:`ddp_cluster.supervisor.loop`) calls :func:`drain_remote` with the
   reason ``device-fault: NODE device D: <problem> (job ID)``.
 
+**In Slurm too**: a drain (of any of the kinds above) drains the node in Slurm as well (``scontrol update
+nodename=NODE state=drain reason=...``: ``sinfo -R`` shows why, and Slurm gives the node to no new job); an
+undrain resumes it there. The node's own record stays the one this package reads (a Slurm that does not answer
+changes nothing of the drain).
+
 Standard library only: it runs in the node image's Python.
 """
 
@@ -47,6 +52,7 @@ import json
 import os
 import shlex
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -210,12 +216,16 @@ def drain(
     with node_lock(jobs_dir):
         before = read(jobs_dir)
         if before is not None and before.reason == reason:
+            if not check:  # a node drained before Slurm was: drained there too
+                in_slurm(["state=drain", slurm_reason(before)])
             return before, before
         if not check:
             try:
                 write_atomic(Path(jobs_dir, DRAINED), (json.dumps(made.to_dict()) + "\n").encode())
             except OSError as error:
                 raise DrainError(f"the drain record in {jobs_dir} cannot be written: {error}") from error
+    if not check:
+        in_slurm(["state=drain", slurm_reason(made)])
     return made, before
 
 
@@ -225,7 +235,32 @@ def undrain(jobs_dir: str, check: bool = False) -> Drained | None:
         before = read(jobs_dir)
         if before is not None and not check:
             Path(jobs_dir, DRAINED).unlink(missing_ok=True)
+    if before is not None and not check:
+        in_slurm(["state=resume"])
     return before
+
+
+# Seconds for scontrol to answer (the node's own record drains it either way).
+SCONTROL_TIMEOUT = 10
+SLURM_CONF = "/etc/slurm/slurm.conf"
+
+
+def in_slurm(settings: Sequence[str]) -> bool:
+    """This node's state in Slurm updated with SETTINGS (``state=drain reason=...``, ``state=resume``);
+    whether Slurm took it (False too where the node has no Slurm)."""
+    if not Path(SLURM_CONF).is_file():  # no Slurm node (site.yml writes it on every one)
+        return False
+    argv = ["scontrol", "update", f"nodename={socket.gethostname()}", *settings]
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=SCONTROL_TIMEOUT, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def slurm_reason(record: Drained) -> str:
+    """The drain's reason as Slurm keeps it: ours, then who drained it (Slurm records its own time)."""
+    return f"reason={record.reason[:200]} (by {record.by})"
 
 
 def _answer(node: str, now: Drained | None, was: Drained | None, changed: bool) -> dict[str, Any]:
