@@ -141,4 +141,4 @@ def test_undrain_gives_the_nodes_back(three: None) -> None:
     assert all(f"{node}: free" in listed.stdout for node in NODES), listed.stdout[-3000:]
     assert not Path(STATE_DIR / "node0" / "workspace" / "jobs" / ".drained").exists()
     states = node_exec("node0", "sinfo -h -N -o '%N %t'").stdout.split()
-    assert dict(zip(states[::2], states[1::2])) == dict.fromkeys(NODES, "idle"), states
+    assert dict(zip(states[::2], states[1::2], strict=True)) == dict.fromkeys(NODES, "idle"), states
