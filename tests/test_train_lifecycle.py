@@ -82,8 +82,9 @@ def three(local_cluster: PlaybookResult) -> Iterator[None]:
     if running_nodes() != set(NODES):
         result = run_playbook("site.yml", env=THREE)
         assert result.rc == 0, result.stdout[-4000:]
-    # a job's spares are the nodes Slurm has free when it starts: every node idle first
-    wait_for("every node idle in Slurm", lambda: idle_in_slurm() == set(NODES), 120)
+    # a job's spares are the nodes Slurm has free when it starts: every node idle first (after a cut between
+    # nodes heals, Slurm takes a minute or two to hear from a node again and to end its part of the last job)
+    wait_for("every node idle in Slurm", lambda: idle_in_slurm() == set(NODES), 300)
     yield
 
 
