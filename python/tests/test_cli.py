@@ -4,6 +4,8 @@ subcommand's arguments; the command's own usage and errors. No torch."""
 from __future__ import annotations
 
 import inspect
+import os
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +35,31 @@ def test_a_subcommand_runs_its_modules_entry_function(capsys: pytest.CaptureFixt
         cli.main(["workdir", "--help"])
     assert exited.value.code == 0
     assert "usage: ddp-cluster workdir" in capsys.readouterr().out
+
+
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def closed(argv: object) -> int:
+        raise BrokenPipeError(32, "Broken pipe")  # `ddp-cluster doctor RUN | head`
+
+    monkeypatch.setattr(cli, "entry", lambda name: closed)
+    saved = os.dup(1)
+    try:
+        assert cli.main(["doctor", "runs/x"]) == 0
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def test_workdir_given_a_directory_or_an_unwritable_output_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    assert cli.main(["workdir", str(tmp_path), "--script", "train.py", "-o", str(tmp_path)]) == 2
+    assert f"-o {tmp_path} is a directory: give the .tar.gz file to write" in capsys.readouterr().err
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert cli.main(["workdir", str(tmp_path), "--script", "train.py", "-o", str(blocked / "j.tgz")]) == 2
+    said = capsys.readouterr().err
+    assert "cannot be written" in said and "Traceback" not in said

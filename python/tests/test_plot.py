@@ -72,14 +72,30 @@ def test_bad_metrics_are_explained(
     tmp_path: Path, lines: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_metrics(tmp_path, lines)
-    assert ddp_cluster(["plot", str(tmp_path)]) == 1
+    assert ddp_cluster(["plot", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "loss.png").exists()
 
 
 def test_missing_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert ddp_cluster(["plot", str(tmp_path)]) == 1
+    assert ddp_cluster(["plot", str(tmp_path)]) == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_is_one_line_and_a_bare_name_gets_its_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_metrics(tmp_path, sample_records())
+    assert ddp_cluster(["plot", str(tmp_path), "-o", str(tmp_path)]) == 2
+    assert f"-o {tmp_path} is a directory: give the PNG file to write" in capsys.readouterr().err
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert ddp_cluster(["plot", str(tmp_path), "-o", str(blocked / "x.png")]) == 2
+    said = capsys.readouterr().err
+    assert "cannot be written" in said and "Traceback" not in said
+    assert ddp_cluster(["plot", str(tmp_path), "-o", str(tmp_path / "curve")]) == 0
+    assert f"wrote {tmp_path / 'curve.png'} " in capsys.readouterr().out
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "curve").exists()
 
 
 def test_missing_matplotlib_is_explained(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ lazily, so a controller without torch can run every one of them.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -65,7 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"ddp-cluster: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    result: int = entry(SUBCOMMANDS[name][0])(rest)
+    try:
+        result: int = entry(SUBCOMMANDS[name][0])(rest)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `ddp-cluster doctor RUN | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     return result
 
 

@@ -45,6 +45,10 @@ class PlotError(DdpClusterError):
     pass
 
 
+class NoPlotter(PlotError):
+    """matplotlib is not installed: no fault of the input (exit 1, not 2)."""
+
+
 def metrics_file(run: Path) -> Path:
     """metrics.jsonl of ``run``: a run directory as train.yml lays it out (its output/), a directory holding
     the file, or the file itself."""
@@ -158,7 +162,7 @@ def plot_metrics(records: list[dict[str, Any]], out: Path, title: str) -> None:
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
-        raise PlotError("ddp-cluster plot needs matplotlib: pip install 'ddp-cluster[plot]'") from None
+        raise NoPlotter("ddp-cluster plot needs matplotlib: pip install 'ddp-cluster[plot]'") from None
     matplotlib.use("Agg")  # files only: no display on a controller or in a container
     pyplot = importlib.import_module("matplotlib.pyplot")
 
@@ -309,7 +313,7 @@ def plot_telemetry(telemetry: dict[str, list[dict[str, Any]]], out: Path, title:
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
-        raise PlotError("ddp-cluster plot needs matplotlib: pip install 'ddp-cluster[plot]'") from None
+        raise NoPlotter("ddp-cluster plot needs matplotlib: pip install 'ddp-cluster[plot]'") from None
     matplotlib.use("Agg")
     pyplot = importlib.import_module("matplotlib.pyplot")
     start = min(records[0]["time"] for records in telemetry.values())
@@ -361,18 +365,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     metrics = metrics_file(args.run)
     out = args.output or metrics.parent / "loss.png"
+    if not out.suffix and not out.is_dir():  # what matplotlib writes for a name without one
+        out = out.with_name(f"{out.name}.png")
     try:
         if not metrics.is_file():
             raise PlotError(
                 f"{metrics} not found: give a run directory (with {METRICS_FILE}) or the file itself"
             )
+        if out.is_dir():
+            raise PlotError(f"-o {out} is a directory: give the PNG file to write (e.g. {out / 'loss.png'})")
         records = read_metrics(metrics)
         if not records:
             raise PlotError(f"{metrics} holds no records: the run logged nothing yet")
-        plot_metrics(records, out, title=f"{metrics.parent.name}: loss")
+        try:
+            plot_metrics(records, out, title=f"{metrics.parent.name}: loss")
+        except OSError as error:
+            raise PlotError(
+                f"{out} cannot be written ({error.strerror or error}): give -o a path you can write"
+            ) from None
     except PlotError as error:
         print(f"ddp-cluster plot: error: {error}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(error, NoPlotter) else 2
     print(f"wrote {out} ({len(records)} records from {metrics})")
     return 0
 

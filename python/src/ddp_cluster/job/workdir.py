@@ -270,6 +270,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        if args.output.is_dir():
+            raise WorkdirError(
+                f"-o {args.output} is a directory: give the .tar.gz file to write"
+                f" (e.g. {args.output / 'job.tar.gz'})"
+            )
         summary = pack(
             args.directory.resolve(),
             args.script,
@@ -279,6 +284,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except WorkdirError as error:
         print(f"ddp-cluster workdir: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # the output's folder missing or not writable
+        print(
+            f"ddp-cluster workdir: {args.output} cannot be written ({error.strerror or error}):"
+            " give -o a path you can write",
+            file=sys.stderr,
+        )
         return 2
     print(json.dumps(summary))
     return 0
