@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from ddp_cluster.text import Line, lines, visible
+from ddp_cluster.text import Line, lines, plain, visible
 
 
 @pytest.mark.parametrize(
@@ -83,3 +83,24 @@ def test_reading_stops_at_the_byte_bound() -> None:
     long = io.BytesIO(b"z" * 500 + b"\nafter\n")
     assert list(lines(long, 10, max_bytes=100)) == [Line(1, b"z" * 10, cut=True, ended=False)]
     assert long.tell() == 100
+
+
+def test_help_texts_show_names_not_sphinx_markup() -> None:
+    doc = (
+        "Run ``python -m x``: see :func:`ddp_cluster.job.plot.main`, :mod:`~ddp_cluster.runtime.run`,"
+        " :class:`Job <a.b.Job>`."
+    )
+    assert plain(doc) == "Run python -m x: see ddp_cluster.job.plot.main, run, Job."
+    assert plain(None) == ""
+
+
+@pytest.mark.parametrize(
+    "argv", [["-m", "ddp_cluster.run", "--help"], ["-m", "ddp_cluster.cli", "plot", "--help"]]
+)
+def test_the_help_of_user_commands_holds_no_markup(argv: list[str]) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout and "``" not in done.stdout and ":func:`" not in done.stdout

@@ -92,3 +92,18 @@ def lines(handle: IO[bytes], max_line: int, max_bytes: int | None = None) -> Ite
         yield Line(number, data[:max_line], cut=True, ended=ended)
         if not ended:
             return
+
+
+# A Sphinx cross-reference in a docstring: :func:`name`, :mod:`~a.b`, :class:`text <target>`.
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`<]*?)\s*(?:<[^`>]*>)?`")
+
+
+def plain(doc: str | None) -> str:
+    """A docstring as ``--help`` shows it: Sphinx's cross-references written as their names (``~a.b.c`` as
+    ``c``) and its literal quotes (two backquotes) taken out."""
+
+    def named(match: re.Match[str]) -> str:
+        name = match.group(2)
+        return name.rsplit(".", 1)[-1] if match.group(1) else name
+
+    return _ROLE.sub(named, doc or "").replace("``", "")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from ddp_cluster.ascend import hccn
 from ddp_cluster.ascend.ipplan import plan_to_dict, read_plan_or_report
+from ddp_cluster.text import plain
 
 PROG = "ddp-cluster hccn"
 
@@ -32,7 +33,7 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog=PROG, description=plain(__doc__).split("\n\n")[0])
     parser.add_argument("action", choices=["diff", "check"])
     parser.add_argument("plan", metavar="PLAN.yml")
     parser.add_argument("--host", required=True, help="the server's host name in the plan")

@@ -40,6 +40,7 @@ from ddp_cluster.runtime.device import Placement, announce_binding, requested_de
 from ddp_cluster.runtime.distenv import DistEnv, resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
 from ddp_cluster.runtime.group import process_group
+from ddp_cluster.text import plain
 
 CANN_INFO = ("ascend_toolkit_install.info", "version=")
 NPU_DRIVER_INFO = Path("/usr/local/Ascend/driver/version.info")
@@ -51,7 +52,9 @@ PAIR_ITERATIONS = 2
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ddp_cluster.gate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m ddp_cluster.gate", description=plain(__doc__).split("\n\n")[0]
+    )
     p.add_argument("--output-dir", type=Path, required=True, help="where rank 0 writes health.json")
     p.add_argument(
         "--min-bytes", type=int, default=4096, help="smallest all-reduce of the sweep (default 4 KiB)"

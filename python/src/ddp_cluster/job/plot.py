@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 from ddp_cluster import text
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.job import results
+from ddp_cluster.text import plain
 
 METRICS_FILE = "metrics.jsonl"
 # The most points one curve is drawn with (a plot 800 pixels wide shows no more), and the longest line a
@@ -354,7 +355,9 @@ def plot_telemetry(telemetry: dict[str, list[dict[str, Any]]], out: Path, title:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="ddp-cluster plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="ddp-cluster plot",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "run", type=Path, help="a run directory (runs/<id>/: its output/metrics.jsonl), or the file itself"

@@ -34,6 +34,7 @@ from ddp_cluster.runtime.finish import exit_process
 from ddp_cluster.runtime.heartbeat import install_stack_dump
 from ddp_cluster.runtime.secrets import load_secrets
 from ddp_cluster.runtime.store import rank_store
+from ddp_cluster.text import plain
 
 USAGE = "usage: python -m ddp_cluster.run SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 
@@ -85,7 +86,7 @@ def check_job_device() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print(USAGE + "\n\n" + (__doc__ or "").strip())
+        print(USAGE + "\n\n" + plain(__doc__).strip())
         return 0 if args else 2
     as_module = args[0] == "-m"
     if as_module and len(args) < 2:

@@ -59,6 +59,7 @@ from ddp_cluster.runtime.metrics import Reporter, WriterFactory, tensorboard_dir
 from ddp_cluster.runtime.models import build_model
 from ddp_cluster.runtime.resume import EpochProgress, Resumed, agree_on_start, relative, restore
 from ddp_cluster.runtime.secrets import load_secrets
+from ddp_cluster.text import plain
 
 # The run's settings and their command line are ddp_cluster.runtime.config's, where a run starts is
 # ddp_cluster.runtime.resume's; the loop is this module's.
@@ -77,7 +78,7 @@ class TrainState:
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     """The run's settings from the command line; ``--help`` begins with this module's documentation."""
-    return run_config.parse_args(argv, description=__doc__)
+    return run_config.parse_args(argv, description=plain(__doc__))
 
 
 def seed_everything(seed: int) -> None:
