@@ -462,6 +462,27 @@ def test_cli_expand(capsys: pytest.CaptureFixture[str]) -> None:
     assert yaml.safe_load(capsys.readouterr().out) == manual_plan()
 
 
+def test_cli_expand_of_a_plan_that_breaks_a_rule_prints_it_and_fails(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert ipplan.main(["expand", str(DATA / "pytorch_manual_broken.yml")]) == 1
+    said = capsys.readouterr()
+    assert yaml.safe_load(said.out)["servers"] and "[position-subnet]" in said.err
+    assert "error(s): ddp-cluster ip-plan check says each" in said.err
+
+
+def test_an_inventory_given_as_a_plan_is_named_with_the_check_it_wants(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  children:\n    nodes:\n      hosts:\n        node0: {}\n")
+    assert ipplan.main(["check", str(inventory)]) == 2
+    said = capsys.readouterr().err
+    assert (
+        "this is an Ansible inventory, not a device-IP plan" in said and "site.yml --tags preflight" in said
+    )
+
+
 def test_ddp_cluster_dispatches_ip_plan(capsys: pytest.CaptureFixture[str]) -> None:
     from ddp_cluster.cli import main
 

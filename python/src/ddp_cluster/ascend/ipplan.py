@@ -259,6 +259,12 @@ def plan_from_dict(data: Any) -> IpPlan:
     """Build a IpPlan from plain data (a parsed YAML file, Ansible variables); IpPlanError names a bad key."""
     if not isinstance(data, Mapping):
         raise IpPlanError(f"plan: expected a mapping with keys {', '.join(PLAN_KEYS)}, got {data!r}")
+    if any(key in data for key in ("all", "children", "hosts", "ungrouped")) and "servers" not in data:
+        raise IpPlanError(
+            "this is an Ansible inventory, not a device-IP plan (product, netmask, servers: its format is in"
+            " docs/jobs.md, Other entry points); site.yml checks an inventory's npu_device_ips and"
+            " npu_device_ip_seed with the same rules: ansible-playbook -i INVENTORY site.yml --tags preflight"
+        )
     _reject_unknown_keys(data, PLAN_KEYS, "plan")
     product = _text(data, "product", "plan")
     assert product is not None
@@ -592,10 +598,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = read_plan_or_report(args.plan, "ddp-cluster ip-plan")
     if plan is None:
         return 2
+    violations = check_plan(plan)
     if args.command == "expand":
         print(yaml.safe_dump(plan_to_dict(plan), sort_keys=False, default_flow_style=False), end="")
-        return 0
-    violations = check_plan(plan)
+        # the expansion is printed either way; a plan that breaks a rule is said so, and fails
+        for violation in errors(violations):
+            print(violation, file=sys.stderr)
+        if broken := len(errors(violations)):
+            print(f"{args.plan}: {broken} error(s): ddp-cluster ip-plan check says each", file=sys.stderr)
+        return 1 if broken else 0
     for violation in violations:
         print(violation)
     n_errors = len(errors(violations))
