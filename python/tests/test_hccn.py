@@ -174,6 +174,24 @@ def test_cli_names_a_host_outside_the_plan(double: Path, capsys: pytest.CaptureF
     assert "s7 is not a server of the NPU device-IP plan" in capsys.readouterr().err
 
 
+def test_cli_without_hccn_tool_says_so_once(double: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_file = str(double.parent / "plan.yml")
+    assert cli(["check", plan_file, "--host", "s0", "--tool", str(double.parent / "absent")]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 1 and "absent is not found on this machine" in said[0] and "--tool PATH" in said[0]
+
+
+def test_cli_says_reads_that_failed_alike_once(
+    double: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ddp_cli, "run", lambda argv: (1, "", "dsmi_get_device_info failed"))
+    assert cli(["check", str(double.parent / "plan.yml"), "--host", "s0", "--tool", str(double)]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert (
+        len(said) == 1 and "32 calls (-i 0 -ip, ...)" in said[0] and "dsmi_get_device_info failed" in said[0]
+    )
+
+
 def test_configure_reads_every_device_first_then_sets_only_what_differs(double: Path) -> None:
     settings = hccn.device_settings(plan(), "s0")[:2]
     calls: list[list[str]] = []

@@ -12,6 +12,7 @@ as the role; nothing is set.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -51,6 +52,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except hccn.HccnError as error:
         print(f"{PROG}: {args.plan}: {error}", file=sys.stderr)
         return 2
+    if shutil.which(args.tool) is None:
+        print(
+            f"{PROG}: {args.tool} is not found on this machine (not on PATH, or not executable): run this"
+            " on the Ascend server itself, where the driver installs it (/usr/local/Ascend/driver/tools),"
+            " or give --tool PATH",
+            file=sys.stderr,
+        )
+        return 2
     devices = [int(setting["device"]) for setting in settings]
     queries = (
         ("-ip", "-netdetect", "-gateway")
@@ -60,8 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     readings = hccn.read_devices(args.tool, devices, queries, run)
     failed = [(d, q, e) for d, by_query in readings.items() for q, e in by_query.items() if e["rc"] != 0]
     if failed:
+        # one line per distinct answer: 32 calls that failed alike say it once, with how many
+        said: dict[tuple[int, str], list[str]] = {}
         for device, query, entry in failed:
-            print(f"{PROG}: `{args.tool} -i {device} {query} -g` rc {entry['rc']}: {entry['stderr'].strip()}")
+            said.setdefault((entry["rc"], entry["stderr"].strip()), []).append(f"-i {device} {query}")
+        for (rc, stderr), calls in said.items():
+            which = calls[0] if len(calls) == 1 else f"{len(calls)} calls ({calls[0]}, ...)"
+            print(f"{PROG}: {args.tool} {which} -g: rc {rc}: {stderr}", file=sys.stderr)
         return 2
     if args.action == "diff":
         lines = [hccn.change_line(change) for change in hccn.changes(settings, readings)]
