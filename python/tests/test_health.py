@@ -380,6 +380,9 @@ def test_cli_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "node node2 is slow" in capsys.readouterr().out
     assert cli_main(["health", str(broken)]) == 2
     assert cli_main(["health", str(tmp_path / "missing")]) == 2
+    assert "missing does not exist: give a health gate's run directory" in capsys.readouterr().err
+    (tmp_path / "nogate").mkdir()  # a run directory the gate wrote nothing into
+    assert cli_main(["health", str(tmp_path / "nogate")]) == 2
     assert "does not exist: the gate wrote no results" in capsys.readouterr().err
     assert cli_main(["health", str(failed), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["passed"] is False

@@ -489,6 +489,10 @@ def load(path: Path) -> dict[str, Any]:
         with open(file, "rb") as handle:
             raw = handle.read(HEALTH_MAX + 1)
     except FileNotFoundError as error:
+        if not path.exists():  # a typo, or a run that is not here: no fault of the gate's
+            raise ValueError(
+                f"{path} does not exist: give a health gate's run directory (runs/<id>/) or its health.json"
+            ) from error
         raise ValueError(f"{file} does not exist: the gate wrote no results (see the run's logs)") from error
     except OSError as error:
         raise ValueError(f"{file} cannot be read as JSON: {error}") from error
