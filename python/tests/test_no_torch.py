@@ -109,3 +109,13 @@ def test_train_without_torch_says_what_to_install(no_torch_env: dict[str, str], 
     result = python(["-m", "ddp_cluster.train", "--help"], no_torch_env, tmp_path)
     assert result.returncode == 1
     assert "ddp_cluster.train needs torch" in result.stderr and "ddp-cluster[train]" in result.stderr
+
+
+def test_the_training_entrypoint_without_torch_says_what_it_needs_in_one_line(
+    no_torch_env: dict[str, str], tmp_path: Path
+) -> None:
+    for argv in (["--help"], ["--epochs", "1"]):
+        result = python(["-m", "ddp_cluster.train", *argv], no_torch_env, tmp_path)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert "needs torch and numpy" in result.stderr and "pip install 'ddp-cluster[train]'" in result.stderr
