@@ -118,4 +118,5 @@ def test_the_training_entrypoint_without_torch_says_what_it_needs_in_one_line(
         result = python(["-m", "ddp_cluster.train", *argv], no_torch_env, tmp_path)
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
-        assert "needs torch and numpy" in result.stderr and "pip install 'ddp-cluster[train]'" in result.stderr
+        assert "needs torch and numpy" in result.stderr
+        assert "pip install 'ddp-cluster[train]'" in result.stderr
