@@ -420,6 +420,23 @@ def test_the_report_draws_the_telemetry_and_names_a_device_problem(tmp_path: Pat
     assert (run_dir / "output" / "telemetry.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_job_with_fewer_than_two_samples_per_node_gets_no_empty_plot_and_is_told_why(
+    tmp_path: Path,
+) -> None:
+    from test_jobreport import archive, planned
+
+    from ddp_cluster.job import report as jobreport
+    from ddp_cluster.job.status import Status
+
+    run_dir = planned(tmp_path)
+    one = {"time": 100.0, "node": "s1", "processes": {"count": 1, "cpu_percent": 90.0, "rss_mb": 300.0}}
+    done = Status(state="succeeded", rc=0)
+    archive(run_dir, "s0", {"status.json": done.dumps(), "telemetry/s1.jsonl": json.dumps(one) + "\n"})
+    said = "\n".join(jobreport.report(run_dir).lines)
+    assert "telemetry: 1 node(s), 1 sample(s)" in said and "not drawn: fewer than two samples" in said
+    assert not (run_dir / "output" / "telemetry.png").exists()
+
+
 def test_npu_links_are_asked_every_few_samples_and_a_link_down_is_a_fault(tmp_path: Path) -> None:
     table = (DATA / "npu_smi_info_910b3_8p.txt").read_text()
     link = {"state": "UP"}

@@ -132,7 +132,14 @@ def _telemetry(run_dir: Path, report: Report) -> list[str]:
         return []
     samples = sum(node.samples for node in scanned.values())
     drawn = output_dir(run_dir) / TELEMETRY_PLOT
-    lines = [f"telemetry: {len(scanned)} node(s), {samples} sample(s): {folder} (drawn: {drawn})"]
+    # a line needs two samples: with fewer on every node the plot would be an empty frame
+    enough = any(node.samples >= 2 for node in scanned.values())
+    where = (
+        f"drawn: {drawn}"
+        if enough
+        else "not drawn: fewer than two samples on every node (the job was shorter than telemetry_interval)"
+    )
+    lines = [f"telemetry: {len(scanned)} node(s), {samples} sample(s): {folder} ({where})"]
     start = min(node.start for node in scanned.values())
     for name, node in sorted(scanned.items()):
         for (index, said), at in sorted(node.problems.items(), key=lambda item: (item[1], item[0])):
@@ -147,6 +154,8 @@ def _telemetry(run_dir: Path, report: Report) -> list[str]:
                 f"{name}: {node.skipped} line(s) of its telemetry are no record (left out of the plot)"
             )
     found = {name: node.records for name, node in scanned.items()}
+    if not enough:
+        return lines
     if drawn.is_symlink() or drawn.is_dir():
         report.warnings.append(f"no telemetry plot: {drawn} is a link or a folder (never written through)")
         return lines
