@@ -109,6 +109,22 @@ def test_a_bad_job_request_is_refused_naming_it(local_cluster: PlaybookResult, t
     assert "TASK [ddp_job : Start the job" not in result.stdout
 
 
+def test_a_typo_of_a_setting_is_refused_naming_the_one_meant(local_cluster: PlaybookResult) -> None:
+    result = run_playbook("train.yml", extravars={"node": 2, "max_restart": 1})
+    assert result.rc != 0
+    assert "-e node: train.yml has no setting 'node'; did you mean -e nodes=...?" in said(result), (
+        result.stdout[-3000:]
+    )
+    assert "did you mean -e max_restarts=...?" in said(result)
+    assert "TASK [ddp_job : Start the job" not in result.stdout
+    listed = run_playbook("jobs.yml", extravars={"stpo": "some-job"})
+    assert listed.rc != 0
+    assert "-e stpo: jobs.yml has no setting 'stpo'; did you mean -e stop=...?" in said(listed), (
+        listed.stdout[-3000:]
+    )
+    assert "TASK [Read each node's jobs" not in listed.stdout
+
+
 @pytest.fixture
 def taken_port() -> Iterator[int]:
     listener = socket.socket()

@@ -21,14 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible import context
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible.utils.vars import load_extra_vars
 
 # The package as installed, else this checkout's python/src (plugins/pythonpath/ddp_cluster.pth).
 site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
 from ddp_cluster.job import plan as planning
 from ddp_cluster.job import plan_inputs
+from ddp_cluster.job.request import USER_NAMES, misspelled
 
 display = Display()
 
@@ -51,6 +54,8 @@ class ActionModule(ActionBase):
         options: Mapping[str, Mapping[str, Any]] = specs["argument_specs"]["main"]["options"]
         value = self._value(variables)
         request = plan_inputs.request(options, variables, value)
+        if not str(request.get("attach") or "").strip() and (typos := self._typos(options)):
+            return {**result, "failed": True, "msg": "; ".join(typos) + "; nothing was started"}
         if str(request.get("attach") or "").strip():
             return {**result, **planning.attached_fact(plan_inputs.attach(request, display.display))}
         try:
@@ -68,6 +73,12 @@ class ActionModule(ActionBase):
             "changed": not whole["packed"].get("reused", True),
             "ansible_facts": {"_ddp_job_plan": planning.made_fact(plan, whole, self._task.check_mode)},
         }
+
+    def _typos(self, options: Mapping[str, Any]) -> list[str]:
+        """The command line's extra vars that are typos of a setting (request.misspelled)."""
+        known = {*USER_NAMES.values(), *options, "preflight"}
+        playbook = Path(str((context.CLIARGS.get("args") or ["train.yml"])[0])).name
+        return misspelled(load_extra_vars(self._loader), known, playbook)
 
     def _value(self, variables: Mapping[str, Any]) -> Callable[[str], Any]:
         return lambda name: self._templar.template(variables.get(name))

@@ -72,3 +72,21 @@ def test_env_names_must_be_shell_names() -> None:
     # a value that is no mapping is named once, by its type
     (said,) = problems(env=["A"])
     assert said.startswith("ddp_job_env must be a mapping")
+
+
+def test_a_typo_of_a_setting_is_named_with_the_one_meant_and_other_names_pass() -> None:
+    known = set(job_request.USER_NAMES.values())
+    given = ["node", "max_restart", "nodes", "epochs", "ansible_user", "dettach"]
+    found = job_request.misspelled(given, known, "train.yml")
+    assert [line.split(";")[0] for line in found] == [
+        "-e dettach: train.yml has no setting 'dettach'",
+        "-e max_restart: train.yml has no setting 'max_restart'",
+        "-e node: train.yml has no setting 'node'",
+    ]
+    assert [line.split("? ")[0].split("; ")[1] for line in found] == [
+        "did you mean -e detach=...",
+        "did you mean -e max_restarts=...",
+        "did you mean -e nodes=...",
+    ]
+    assert all(line.endswith("(a setting it does not know would be ignored)") for line in found)
+    assert job_request.misspelled(["training_image_requirements", "since", "stop"], known, "train.yml") == []

@@ -12,9 +12,10 @@ Standard library only.
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
@@ -61,6 +62,8 @@ USER_NAMES = {
     "workdir_follow_links": "workdir_follow_links",
 }
 FLAGS = ("true", "false", "yes", "no", "1", "0")
+# How alike an unknown extra var must be to a known one to be taken for its typo (difflib's ratio).
+TYPO_CUTOFF = 0.8
 NUMBER = re.compile(r"^[0-9]+([.][0-9]+)?$")
 WHOLE = re.compile(r"^[0-9]+$")
 HEALTH_SETTINGS = (
@@ -140,6 +143,23 @@ def check_request(request: Mapping[str, Any], options: Mapping[str, Mapping[str,
     if isinstance(request.get("env"), Mapping):
         problems += envnames.name_problems(request["env"], user_name("env"))
     return problems + id_problems(request) + launcher_owned_problems(request)
+
+
+def misspelled(given: Iterable[str], known: Collection[str], playbook: str) -> list[str]:
+    """The extra vars in GIVEN (the command line's ``-e`` names) that PLAYBOOK does not know but that are
+    close to one it does (``-e node=2``, ``-e max_restart=1``): each a problem naming the one meant. Ansible
+    would take them without a word and the job would run without them. A name close to none is left alone
+    (the inventory's own variables may be given too)."""
+    problems = []
+    for name in sorted(set(given) - set(known)):
+        if name.startswith("ansible_"):
+            continue
+        if close := difflib.get_close_matches(name, sorted(known), n=1, cutoff=TYPO_CUTOFF):
+            problems.append(
+                f"-e {name}: {playbook} has no setting {name!r}; did you mean -e {close[0]}=...? (a setting"
+                " it does not know would be ignored)"
+            )
+    return problems
 
 
 def id_problems(request: Mapping[str, Any]) -> list[str]:
