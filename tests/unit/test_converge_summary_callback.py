@@ -238,7 +238,10 @@ def test_a_real_run_goes_on_without_the_failed_and_unreachable_servers_and_names
         "site.yml: 2 of 4 servers converged; not: h2 (hosts: Fails on h2: h2 has no engine), h4 (unreachable"
         " in hosts: "
     ), done.stdout[-3000:]
-    assert "port 1: Connection refused); run site.yml again for them" in last and "h1 (" not in last
+    # ssh says why in its own words: the closed port refuses at once, or (when its connection master fails
+    # first, under load) the data could not be sent
+    assert "port 1: Connection refused" in last or "Broken pipe" in last, last
+    assert last.endswith("); run site.yml again for them") and "h1 (" not in last
 
 
 def test_a_real_run_over_max_fail_percentage_stops_and_says_so(project: Path) -> None:
