@@ -332,7 +332,7 @@ def test_a_server_that_cannot_reach_the_build_server_is_told_what_to_check() -> 
     )
     assert "could not reach the image registry on the build server atlas0" in said
     assert (
-        "No route to host" in said and "cluster_image_build_address" in said and "AllowTcpForwarding" in said
+        "No route to host" in said and "training_image_build_address" in said and "AllowTcpForwarding" in said
     )
     assert dist.receiver_error(1, "manifest unknown", "atlas0", 15000).startswith(
         "the pull from the build server atlas0 failed (rc 1)"

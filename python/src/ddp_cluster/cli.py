@@ -14,7 +14,10 @@ from collections.abc import Callable, Sequence
 
 # subcommand -> (module, one-line help); the module's entry function is ``main``
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "plot": ("ddp_cluster.job.plot", "draw the loss curve of a run directory (metrics.jsonl) to a PNG"),
+    "plot": (
+        "ddp_cluster.job.plot",
+        "draw the loss curve of a run (runs/<id>/output/metrics.jsonl) to a PNG",
+    ),
     "ip-plan": ("ddp_cluster.ascend.ipplan", "check an NPU device-IP plan against the product's rules"),
     "rank-table": (
         "ddp_cluster.ascend.ranktable",
@@ -30,7 +33,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "health": (
         "ddp_cluster.health.judge",
-        "print a health gate's results (runs/<id>/health.json); exit 1 if it failed",
+        "print a health gate's results (runs/<id>/output/health.json); exit 1 if it failed",
     ),
     "workdir": (
         "ddp_cluster.job.workdir",

@@ -427,7 +427,7 @@ def receiver_error(rc: int, output: str, source: str, port: int) -> str:
         return (
             f"could not reach the image registry on the build server {source} through a tunnel over the "
             f"cluster's network (ssh to its address, port {port} on both loopbacks): {tail}. Check that this "
-            f"server reaches {source}'s sshd (cluster_image_build_address), that port {port} is free here "
+            f"server reaches {source}'s sshd (training_image_build_address), that port {port} is free here "
             "(cluster_registry_port) and that forwarding is allowed (AllowTcpForwarding)"
         )
     if rc == 255:

@@ -1,4 +1,5 @@
-"""``ddp-cluster plot DIR [-o OUT.png]``: draw the loss curve of a training run from DIR/metrics.jsonl.
+"""``ddp-cluster plot DIR [-o OUT.png]``: draw the loss curve of a training run from DIR/output/metrics.jsonl
+(DIR: runs/<job-id>/; or a directory holding metrics.jsonl, or the file itself).
 
 Step records (``"kind": "step"``) give the training loss every few steps; epoch records add the epoch's mean
 loss and, on a second axis, the test accuracy. :func:`plot_telemetry` draws a run's telemetry
