@@ -31,7 +31,7 @@ site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 
 from ddp_cluster.job import plan as planning
 from ddp_cluster.job import plan_inputs
-from ddp_cluster.job.request import USER_NAMES, misspelled
+from ddp_cluster.job.request import USER_NAMES, misspelled, role_settings
 
 display = Display()
 
@@ -76,7 +76,8 @@ class ActionModule(ActionBase):
 
     def _typos(self, options: Mapping[str, Any]) -> list[str]:
         """The command line's extra vars that are typos of a setting (request.misspelled)."""
-        known = {*USER_NAMES.values(), *options, "preflight"}
+        roles = Path(self._task._role._role_path).parent
+        known = {*USER_NAMES.values(), *options, "preflight", *role_settings(roles)}
         playbook = Path(str((context.CLIARGS.get("args") or ["train.yml"])[0])).name
         return misspelled(load_extra_vars(self._loader), known, playbook)
 

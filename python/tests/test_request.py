@@ -90,3 +90,15 @@ def test_a_typo_of_a_setting_is_named_with_the_one_meant_and_other_names_pass() 
     ]
     assert all(line.endswith("(a setting it does not know would be ignored)") for line in found)
     assert job_request.misspelled(["training_image_requirements", "since", "stop"], known, "train.yml") == []
+
+
+def test_a_short_name_with_two_letters_swapped_is_a_typo_and_an_inventory_setting_is_not() -> None:
+    jobs = ["stop", "logs", "sync", "drain", "undrain", "history"]
+    assert job_request.misspelled(["stpo"], jobs, "jobs.yml")[0].startswith(
+        "-e stpo: jobs.yml has no setting 'stpo'; did you mean -e stop=...?"
+    )
+    roles = Path(__file__).resolve().parents[2] / "roles"
+    settings = job_request.role_settings(roles)
+    assert {"cluster_ssh_port", "training_image_build_address", "ddp_job_nodes"} <= settings
+    known = set(job_request.USER_NAMES.values()) | settings
+    assert job_request.misspelled(["cluster_ssh_port"], known, "train.yml") == []

@@ -16,6 +16,7 @@ import difflib
 import re
 import shlex
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
@@ -63,7 +64,7 @@ USER_NAMES = {
 }
 FLAGS = ("true", "false", "yes", "no", "1", "0")
 # How alike an unknown extra var must be to a known one to be taken for its typo (difflib's ratio).
-TYPO_CUTOFF = 0.8
+TYPO_CUTOFF = 0.75
 NUMBER = re.compile(r"^[0-9]+([.][0-9]+)?$")
 WHOLE = re.compile(r"^[0-9]+$")
 HEALTH_SETTINGS = (
@@ -143,6 +144,19 @@ def check_request(request: Mapping[str, Any], options: Mapping[str, Mapping[str,
     if isinstance(request.get("env"), Mapping):
         problems += envnames.name_problems(request["env"], user_name("env"))
     return problems + id_problems(request) + launcher_owned_problems(request)
+
+
+def role_settings(roles: Path) -> set[str]:
+    """Every setting a role of ROLES declares (each entry point's options in its meta/argument_specs.yml): the
+    inventory's settings, which a command line may give any playbook (``-e cluster_ssh_port=2222``)."""
+    import yaml  # the controller's (Ansible's dependency)
+
+    names: set[str] = set()
+    for specs in sorted(roles.glob("*/meta/argument_specs.yml")):
+        data = yaml.safe_load(specs.read_text(encoding="utf-8")) or {}
+        for entry in (data.get("argument_specs") or {}).values():
+            names.update((entry or {}).get("options") or {})
+    return names
 
 
 def misspelled(given: Iterable[str], known: Collection[str], playbook: str) -> list[str]:
