@@ -93,7 +93,7 @@ def test_a_typo_of_a_setting_is_named_with_the_one_meant_and_other_names_pass() 
 
 
 def test_a_short_name_with_two_letters_swapped_is_a_typo_and_an_inventory_setting_is_not() -> None:
-    jobs = ["stop", "logs", "sync", "drain", "undrain", "history"]
+    jobs = ["stop", "logs", "sync", "drain", "undrain"]
     assert job_request.misspelled(["stpo"], jobs, "jobs.yml")[0].startswith(
         "-e stpo: jobs.yml has no setting 'stpo'; did you mean -e stop=...?"
     )
