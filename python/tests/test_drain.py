@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ddp_cluster.job import node_jobs
+from ddp_cluster.job import node_jobs, queue
 from ddp_cluster.job.transport import Done, Unreachable
 from ddp_cluster.supervisor import drain, jobs, recovery, remote
 
@@ -473,7 +473,7 @@ def test_a_drain_and_an_undrain_are_slurms_too(tmp_path: Path, monkeypatch: pyte
         asked.append(argv)
         return type("Done", (), {"returncode": 0})()
 
-    monkeypatch.setattr(drain.subprocess, "run", run)
+    monkeypatch.setattr(queue.subprocess, "run", run)
     monkeypatch.setattr(drain, "SLURM_CONF", str(conf))
     monkeypatch.setattr(drain.socket, "gethostname", lambda: "node1")
     drain.drain(str(tmp_path), "bad fan", "alice@ctl")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,3 +358,19 @@ def lines(entries: Sequence[Entry], down: str = "") -> list[str]:
         "  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     ]
+
+
+# Seconds a Slurm command run by a node (scancel, scontrol) gets to answer.
+SLURM_COMMAND_TIMEOUT = 10
+
+
+def run_slurm(argv: Sequence[str], run: Any = None) -> bool:
+    """Slurm's command ARGV run here, bounded by SLURM_COMMAND_TIMEOUT; whether Slurm took it (False too
+    where it cannot run or does not answer: the callers go on without it)."""
+    try:
+        done = (run or subprocess.run)(
+            list(argv), capture_output=True, timeout=SLURM_COMMAND_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return bool(done.returncode == 0)

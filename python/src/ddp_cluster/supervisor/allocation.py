@@ -210,14 +210,13 @@ def start_here(job_dir: Path, submitted_on: str, environ: Mapping[str, str] | No
     return ""
 
 
-# Seconds for scancel to answer (the job has ended either way); how long a job's end is told to a Slurm that
-# does not answer (its controller may have been lost with the job's first node), every SCANCEL_EVERY seconds.
-SCANCEL_TIMEOUT = 10
+# How long a job's end is told to a Slurm that does not answer (its controller may have been lost with the
+# job's first node), every SCANCEL_EVERY seconds.
 SCANCEL_RETRY = 3600
 SCANCEL_EVERY = 5
 
 
-def end_in_slurm(job: str, run: Any = subprocess.run, retry: Any = subprocess.Popen) -> bool:
+def end_in_slurm(job: str, run: Any = None, retry: Any = subprocess.Popen) -> bool:
     """The Slurm job named JOB (our job id) ended in Slurm, when the job ended on a node Slurm did not start
     it on (its standby took it over): its batch host was lost with the first node, so nothing else would
     end it, and its nodes would stay allocated. When Slurm does not answer (slurmctld ran on that first
@@ -225,15 +224,11 @@ def end_in_slurm(job: str, run: Any = subprocess.run, retry: Any = subprocess.Po
     it is back. Whether Slurm answered at once; nothing happens where Slurm has no such job (a job started
     without Slurm)."""
     argv = ["scancel", "--quiet", f"--name={job}"]
-    try:
-        done = run(argv, capture_output=True, timeout=SCANCEL_TIMEOUT, check=False)
-        if done.returncode == 0:
-            return True
-    except (OSError, subprocess.SubprocessError):
-        pass
+    if queue.run_slurm(argv, run):
+        return True
     again = (
         f"end=$(( $(date +%s) + {SCANCEL_RETRY} )); while [ $(date +%s) -lt $end ]; do"
-        f" timeout {SCANCEL_TIMEOUT} {shlex.join(argv)} && exit 0; sleep {SCANCEL_EVERY}; done"
+        f" timeout {queue.SLURM_COMMAND_TIMEOUT} {shlex.join(argv)} && exit 0; sleep {SCANCEL_EVERY}; done"
     )
     with contextlib.suppress(OSError):
         retry(

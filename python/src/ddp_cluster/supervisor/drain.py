@@ -52,7 +52,6 @@ import json
 import os
 import shlex
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -63,7 +62,7 @@ from typing import Any
 
 from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
-from ddp_cluster.job import node_jobs
+from ddp_cluster.job import node_jobs, queue
 from ddp_cluster.supervisor.remote import POOL, Mesh
 
 MODULE = node_jobs.DRAIN_MODULE
@@ -240,8 +239,6 @@ def undrain(jobs_dir: str, check: bool = False) -> Drained | None:
     return before
 
 
-# Seconds for scontrol to answer (the node's own record drains it either way).
-SCONTROL_TIMEOUT = 10
 SLURM_CONF = "/etc/slurm/slurm.conf"
 
 
@@ -250,12 +247,7 @@ def in_slurm(settings: Sequence[str]) -> bool:
     whether Slurm took it (False too where the node has no Slurm)."""
     if not Path(SLURM_CONF).is_file():  # no Slurm node (site.yml writes it on every one)
         return False
-    argv = ["scontrol", "update", f"nodename={socket.gethostname()}", *settings]
-    try:
-        done = subprocess.run(argv, capture_output=True, timeout=SCONTROL_TIMEOUT, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+    return queue.run_slurm(["scontrol", "update", f"nodename={socket.gethostname()}", *settings])
 
 
 def slurm_reason(record: Drained) -> str:

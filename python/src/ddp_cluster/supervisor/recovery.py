@@ -14,7 +14,6 @@ import io
 import json
 import os
 import shlex
-import subprocess
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddp_cluster.ascend import ranktable
 from ddp_cluster.files import add_file, write_atomic
+from ddp_cluster.job import queue
 from ddp_cluster.job import spec as jobspec
 from ddp_cluster.runtime.checkpoint_names import FOLDER, NAME
 from ddp_cluster.server import image_reset
@@ -42,8 +42,6 @@ ATTEMPTS = "attempts"
 # The job's files, unpacked on every node before the launcher starts (see Supervisor.run).
 BUNDLE = jobspec.BUNDLE_FILE
 LAUNCHER_LOG = "launcher.log"
-# Seconds for scontrol to answer (the job goes on without Slurm's answer).
-SLURM_TIMEOUT = 10
 # A node's answer to "did a rank here raise an error of the program?": the exception lines among the last
 # lines of each rank's log there (mpirun's, or torchrun's agent's with its ranks' lines), a few KiB at most.
 EXCEPTION_LINES = (
@@ -252,7 +250,7 @@ def recover(supervisor: Supervisor, failure: Failure, pool: ThreadPoolExecutor) 
     return True
 
 
-def give_back_to_slurm(spec: jobspec.JobSpec, lost: set[str], run: Any = subprocess.run) -> list[str]:
+def give_back_to_slurm(spec: jobspec.JobSpec, lost: set[str], run: Any = None) -> list[str]:
     """The lost nodes taken out of the job's Slurm allocation (a job Slurm started: ``DDP_SLURM_JOB_ID``),
     so that Slurm gives them to the next job once they are back rather than holding them for this one until
     it ends; the nodes given back, [] when none was (not a Slurm job, or Slurm refused: the job goes on
@@ -262,17 +260,8 @@ def give_back_to_slurm(spec: jobspec.JobSpec, lost: set[str], run: Any = subproc
     gone = sorted(lost)
     if not slurm_id.isdigit() or not gone or not kept:
         return []
-    try:
-        done = run(
-            ["scontrol", "update", f"jobid={slurm_id}", f"nodelist={','.join(kept)}"],
-            capture_output=True,
-            text=True,
-            timeout=SLURM_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return gone if done.returncode == 0 else []
+    argv = ["scontrol", "update", f"jobid={slurm_id}", f"nodelist={','.join(kept)}"]
+    return gone if queue.run_slurm(argv, run) else []
 
 
 # the last line of a spare's reset: it ran (the reset says nothing when nothing changed)
