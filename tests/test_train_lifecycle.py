@@ -79,13 +79,23 @@ def running_nodes() -> set[str]:
 @pytest.fixture
 def three(local_cluster: PlaybookResult) -> Iterator[None]:
     """Three node containers up (site.yml brings back any that a test killed)."""
-    if running_nodes() != set(NODES):
+    # a job's spares are the nodes Slurm has free when it starts: every node idle first. A node Slurm set down
+    # while a test cut it off stays down once the link is back (Slurm stops pinging a down node): site.yml's
+    # probe sees it and its Slurm stage resumes it, as it brings back a killed node
+    if running_nodes() != set(NODES) or not idle_soon(60):
         result = run_playbook("site.yml", env=THREE)
         assert result.rc == 0, result.stdout[-4000:]
-    # a job's spares are the nodes Slurm has free when it starts: every node idle first (after a cut between
-    # nodes heals, Slurm takes a minute or two to hear from a node again and to end its part of the last job)
     wait_for("every node idle in Slurm", lambda: idle_in_slurm() == set(NODES), 300)
     yield
+
+
+def idle_soon(seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while idle_in_slurm() != set(NODES):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1)
+    return True
 
 
 def idle_in_slurm() -> set[str]:

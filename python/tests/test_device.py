@@ -121,14 +121,14 @@ def test_cuda_refusal_gives_torchs_reason() -> None:
     ("value", "expected"), [("", "auto"), ("npu", "npu"), (" cuda ", "cuda"), ("cpu", "cpu")]
 )
 def test_requested_device_comes_from_ddp_device(value: str, expected: str) -> None:
-    from ddp_cluster.runtime.device import requested_device
+    from ddp_cluster.runtime.config import requested_device
 
     assert requested_device({"DDP_DEVICE": value}) == expected
     assert requested_device({}) == "auto"
 
 
 def test_requested_device_refuses_an_unknown_value() -> None:
-    from ddp_cluster.runtime.device import requested_device
+    from ddp_cluster.runtime.config import requested_device
 
     with pytest.raises(DeviceError, match="DDP_DEVICE='gpu' is not one of auto, cpu, cuda, npu"):
         requested_device({"DDP_DEVICE": "gpu"})

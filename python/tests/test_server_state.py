@@ -148,3 +148,48 @@ def test_new_sshd_host_keys_in_the_container_are_drift(tmp_path: Path) -> None:
     (keys / "ssh_host_ed25519_key.pub").write_text("ssh-ed25519 AAAAnew root@node0\n")
     after = state.digests(run(SPEC, env))
     assert [name for name in before if before[name] != after[name]] == ["sshd"]
+
+
+def test_a_node_slurm_holds_down_as_not_responding_is_drift_and_other_states_are_not(tmp_path: Path) -> None:
+    # slurmctld neither pings a node it set down nor asks it to register but every 20th ping: once the link
+    # is back only this line differs, and it takes the node through site.yml's Slurm stage again.
+    sinfo = 'echo "$SEEN"'
+    env = fake_tools(tmp_path, {"docker": DOCKER, "ss": "true", "pgrep": "exit 0", "sinfo": sinfo})
+    outputs = {
+        seen: run(SPEC, {**env, "SEEN": seen})
+        for seen in (
+            "idle none",
+            "alloc none",
+            "down* Not responding",
+            "down Not responding",
+            "down* maintenance by ops",
+            "drain* Not responding",
+            "",
+        )
+    }
+    digest = {seen: state.digests(out)["slurm"] for seen, out in outputs.items()}
+    assert digest["idle none"] == digest["alloc none"] == digest[""] == digest["down* maintenance by ops"]
+    assert digest["drain* Not responding"] == digest["idle none"]  # a drain is an operator's: not ours to end
+    assert digest["down* Not responding"] == digest["down Not responding"] != digest["idle none"]
+    assert state.describe(outputs["down* Not responding"])["slurm"].endswith(
+        "; down in Slurm (not responding)"
+    )
+    assert "down in Slurm" not in state.describe(outputs["alloc none"])["slurm"]
+    # sinfo that hangs (slurmctld cut off) is bounded and reads as no answer
+    hung = fake_tools(tmp_path, {"docker": DOCKER, "ss": "true", "pgrep": "exit 0", "sinfo": "sleep 30"})
+    assert state.digests(run(SPEC, hung))["slurm"] == digest["idle none"]
+
+
+def test_slurmctld_is_read_only_where_slurm_conf_makes_the_node_a_controller(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    docker = DOCKER.replace(
+        'exec "$@"',
+        's=$(printf %s "$3" | sed "s#/etc/slurm/slurm.conf#$CONF#g"); shift 3; exec sh -c "$s" "$@"',
+    )
+    tools = {"docker": docker, "ss": "true", "hostname": "echo node0", "pgrep": "exit 1"}
+    env = {**fake_tools(tmp_path, tools), "CONF": str(conf)}
+    conf.write_text("SlurmctldHost=node1\nSlurmctldHost=node2\n")
+    assert not [line for line in state.sections(run(SPEC, env))["slurm"] if line.startswith("slurmctld")]
+    conf.write_text("SlurmctldHost=node0(10.0.0.1)\n")
+    assert "slurmctld not running" in state.sections(run(SPEC, env))["slurm"]
+    assert "slurmctld not running" in state.describe(run(SPEC, env))["slurm"]

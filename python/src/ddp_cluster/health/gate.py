@@ -36,7 +36,8 @@ from ddp_cluster.errors import DdpClusterError
 from ddp_cluster.files import write_atomic
 from ddp_cluster.health import fabric
 from ddp_cluster.health import judge as health
-from ddp_cluster.runtime.device import Placement, announce_binding, requested_device, select_placement, where
+from ddp_cluster.runtime.config import requested_device
+from ddp_cluster.runtime.device import Placement, announce_binding, select_placement, where
 from ddp_cluster.runtime.distenv import DistEnv, resolve_dist_env
 from ddp_cluster.runtime.finish import exit_process
 from ddp_cluster.runtime.group import process_group

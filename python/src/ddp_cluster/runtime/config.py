@@ -1,20 +1,36 @@
 """A training run's settings: :class:`TrainConfig`, one field per option of ``python -m ddp_cluster.train``
 (the parser is made from the fields by :mod:`ddp_cluster.runtime.cliargs`, so each default is declared once,
 on its field), and :func:`parse_args`, which checks what a field's type cannot say.
+
+Without torch: the options' choices are declared here (the datasets, the accelerators' device types and
+backends), so ``--help`` reads on a machine without torch too (the controller).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_cluster import accelerators
 from ddp_cluster.errors import DeviceError
 from ddp_cluster.runtime.cliargs import add_dataclass_arguments, dataclass_from_args, option
-from ddp_cluster.runtime.data import DATASETS
-from ddp_cluster.runtime.device import BACKEND_CHOICES, DEVICE_CHOICES, requested_device
+
+DATASETS = ("digits", "synthetic", "mnist", "cifar10")
+# The kinds' torch device types and their backends, from the registry (each kind's module declares its own).
+DEFAULT_BACKEND = accelerators.DEVICE_BACKEND
+DEVICE_CHOICES = ("auto", *DEFAULT_BACKEND)
+BACKEND_CHOICES = (
+    "auto",
+    *dict.fromkeys(
+        backend for device in DEFAULT_BACKEND for backend in accelerators.by_device(device).backends
+    ),
+)
+# The job's device, exported by train.yml to every rank (and read by user scripts).
+DEVICE_VARIABLE = "DDP_DEVICE"
 
 # The options' lower bounds (the parser's error names the option).
 MINIMUMS = {"epochs": 1, "batch_size": 1, "checkpoint_keep": 1, "checkpoint_every": 0, "log_every": 0}
@@ -94,3 +110,13 @@ def parse_args(argv: Sequence[str] | None = None, description: str | None = None
         except DeviceError as error:
             p.error(str(error))
     return dataclass_from_args(TrainConfig, args)
+
+
+def requested_device(environ: Mapping[str, str] | None = None) -> str:
+    """The job's device from DDP_DEVICE (train.yml exports it), else ``auto``; DeviceError for a bad value."""
+    value = (os.environ if environ is None else environ).get(DEVICE_VARIABLE, "").strip()
+    if not value:
+        return "auto"
+    if value not in DEVICE_CHOICES:
+        raise DeviceError(f"{DEVICE_VARIABLE}={value!r} is not one of {', '.join(DEVICE_CHOICES)}")
+    return value

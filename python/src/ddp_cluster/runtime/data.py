@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ddp_cluster.errors import DatasetError
+from ddp_cluster.runtime.config import DATASETS
 
-DATASETS = ("digits", "synthetic", "mnist", "cifar10")
 DIGITS_SPLIT_SEED = 0  # the train/test split of digits is fixed, whatever --seed says
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_FILE = Path(__file__).parent / "datasets" / "digits.csv.gz"

@@ -25,19 +25,9 @@ import torch
 from ddp_cluster import accelerators
 from ddp_cluster.accelerators.binding import announce_binding as bind_and_say
 from ddp_cluster.errors import DeviceError
+from ddp_cluster.runtime.config import BACKEND_CHOICES, DEFAULT_BACKEND, DEVICE_CHOICES
 from ddp_cluster.runtime.distenv import DistEnv
 
-# The kinds' torch device types and their backends, from the registry (each kind's module declares its own).
-DEFAULT_BACKEND = accelerators.DEVICE_BACKEND
-DEVICE_CHOICES = ("auto", *DEFAULT_BACKEND)
-BACKEND_CHOICES = (
-    "auto",
-    *dict.fromkeys(
-        backend for device in DEFAULT_BACKEND for backend in accelerators.by_device(device).backends
-    ),
-)
-# The job's device, exported by train.yml to every rank (and read by user scripts).
-DEVICE_VARIABLE = "DDP_DEVICE"
 # Which backends can move tensors of which device type.
 SUPPORTED_BACKENDS = {device: accelerators.by_device(device).backends for device in DEFAULT_BACKEND}
 
@@ -153,16 +143,6 @@ def select_placement(device: str, backend: str, env: DistEnv) -> Placement:
             os.environ.setdefault(name, value)
         getattr(torch, placement.kind).set_device(placement.device)
     return placement
-
-
-def requested_device(environ: Mapping[str, str] | None = None) -> str:
-    """The job's device from DDP_DEVICE (train.yml exports it), else ``auto``; DeviceError for a bad value."""
-    value = (os.environ if environ is None else environ).get(DEVICE_VARIABLE, "").strip()
-    if not value:
-        return "auto"
-    if value not in DEVICE_CHOICES:
-        raise DeviceError(f"{DEVICE_VARIABLE}={value!r} is not one of {', '.join(DEVICE_CHOICES)}")
-    return value
 
 
 def where(env: DistEnv | None, environ: Mapping[str, str] | None = None) -> str:

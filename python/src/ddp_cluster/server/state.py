@@ -11,8 +11,8 @@ Components (each a section of the output, hashed here, so the same state gives t
 - ``container``: the node container's specification label (its image id included), image and whether it runs;
 - ``sshd``: whether the container's sshd listens on the cluster port;
 - ``mesh``: sha256 and mode of the ssh mesh's files inside the container;
-- ``slurm``: sha256 and mode of Slurm's settings and the munge key inside the container, and which of munged,
-  slurmd and slurmctld run there;
+- ``slurm``: sha256 and mode of Slurm's settings and the munge key inside the container, which of munged,
+  slurmd and slurmctld run there, and whether Slurm holds the node down as not responding;
 - ``files``: sha256 of the node's settings file (node.env) and hosts file on the host;
 - ``firewall``, ``sysctl``, ``packages`` (``host``): this cluster's ufw or firewalld rules, the kernel
   settings the roles write and the server's Python packages the Docker tasks need;
@@ -40,7 +40,10 @@ MESH_FILES = (
 # Slurm's settings in the container (slurm role) and its daemons there: one that stopped, or settings
 # changed by hand, take the server through the stages again.
 SLURM_FILES = ("/etc/slurm/slurm.conf", "/etc/slurm/gres.conf", "/etc/ddp-cluster/munge.key")
-SLURM_DAEMONS = ("munged", "slurmd", "slurmctld")
+SLURM_DAEMONS = ("munged", "slurmd", "slurmctld")  # slurmctld last: only on a controller
+# Slurm's own reason for a node it set down when it stopped answering, and the probe's line for such a node.
+NOT_RESPONDING = "Not responding"
+DOWN_LINE = "slurmd down in Slurm: not responding"
 
 # What each component's drift means, for the check-mode lines and the reasons a server converges.
 MEANING = {
@@ -73,8 +76,18 @@ _INSIDE = (
     f'for f in "$@"; do {_FILE_LINE}; done; '
     f'echo "{MARK} slurm"; '
     f"for f in {' '.join(SLURM_FILES)}; do {_FILE_LINE}; done; "
-    f"for d in {' '.join(SLURM_DAEMONS)}; do "
-    'if pgrep -x "$d" >/dev/null 2>&1; then echo "$d running"; else echo "$d not running"; fi; done'
+    # slurmctld only where slurm.conf makes this node a controller (as ddp-slurm-start decides)
+    "ctl=''; grep -q \"^SlurmctldHost=$(hostname)\\(([^)]*)\\)\\?[[:space:]]*$\" "
+    "/etc/slurm/slurm.conf 2>/dev/null && ctl=slurmctld; "
+    f"for d in {' '.join(SLURM_DAEMONS[:-1])} $ctl; do "
+    'if pgrep -x "$d" >/dev/null 2>&1; then echo "$d running"; else echo "$d not running"; fi; done; '
+    # A node Slurm set down as not responding (a cut longer than SlurmdTimeout) stays down once the link is
+    # back: slurmctld does not ping a down node, and asks it to register only every 20th ping. Its slurmd
+    # runs, so nothing above differs: this line does, and site.yml's Slurm stage resumes it. Any other state,
+    # or no answer from slurmctld (bounded: 5 s), prints nothing, so a busy or idle node reads the same.
+    "if pgrep -x slurmd >/dev/null 2>&1; then "
+    'seen=$(timeout 5 sinfo -h -N -n "$(hostname)" -o "%t %E" 2>/dev/null | head -n 1); '
+    f'case "$seen" in "down"*" {NOT_RESPONDING}"*) echo "{DOWN_LINE}" ;; esac; fi'
 )
 
 
@@ -185,8 +198,8 @@ def describe(output: str) -> dict[str, str]:
     slurm = found.get("slurm") or []
     stopped = [line.split()[0] for line in slurm if line.endswith(" not running") and " " in line]
     missing = [line.split()[-1] for line in slurm if line.startswith("absent ")]
-    if missing or stopped:
-        words["slurm"] = "; ".join(
-            (["missing " + ", ".join(missing)] if missing else []) + [f"{d} not running" for d in stopped]
-        )
+    down = ["down in Slurm (not responding)"] if DOWN_LINE in slurm else []
+    if missing or stopped or down:
+        said = ["missing " + ", ".join(missing)] if missing else []
+        words["slurm"] = "; ".join(said + [f"{d} not running" for d in stopped] + down)
     return words
