@@ -99,30 +99,3 @@ def test_a_field_of_a_generic_type_needs_excluding() -> None:
     with pytest.raises(ValueError, match=r"Listed\.names: no option for a list"):
         add_dataclass_arguments(argparse.ArgumentParser(), Listed)
     add_dataclass_arguments(argparse.ArgumentParser(), Listed, exclude={"names"})
-
-
-# torch and numpy made unimportable in a fresh interpreter, as on a controller without them
-NO_TORCH = (
-    "import sys, runpy\n"
-    "class Block:\n"
-    "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name.split('.')[0] in ('torch', 'numpy'):\n"
-    "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
-    "sys.meta_path.insert(0, Block())\n"
-    "sys.argv = ['train', *sys.argv[1:]]\n"
-    "runpy.run_module('ddp_cluster.train', run_name='__main__')\n"
-)
-
-
-def test_the_entrypoints_help_reads_without_torch_and_a_run_says_what_is_missing_in_one_line() -> None:
-    import subprocess
-    import sys
-
-    helped = subprocess.run([sys.executable, "-c", NO_TORCH, "--help"], capture_output=True, text=True)
-    assert helped.returncode == 0, helped.stderr
-    assert "--dataset {digits,synthetic,mnist,cifar10}" in helped.stdout
-    assert "--device {auto,cpu,cuda,npu}" in helped.stdout and "The DDP training entrypoint" in helped.stdout
-    assert ":mod:" not in helped.stdout and helped.stderr == ""
-    ran = subprocess.run([sys.executable, "-c", NO_TORCH, "--epochs", "2"], capture_output=True, text=True)
-    assert ran.returncode == 1 and ran.stdout == ""
-    assert len(ran.stderr.splitlines()) == 1 and "docs/jobs.md" in ran.stderr, ran.stderr

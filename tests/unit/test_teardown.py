@@ -196,7 +196,14 @@ def test_force_stops_each_job_as_jobs_yml_does_before_the_node_goes(
 
 
 def test_make_clean_passes_force_on() -> None:
-    shown = subprocess.run(["make", "--no-print-directory", "-n", "clean", "FORCE=true"], cwd=REPO, capture_output=True, text=True)
+    shown = subprocess.run(
+        ["make", "--no-print-directory", "-n", "clean", "FORCE=true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert shown.stdout.strip().splitlines()[-1] == "ansible-playbook playbooks/teardown.yml -e force=true"
-    shown = subprocess.run(["make", "--no-print-directory", "-n", "clean"], cwd=REPO, capture_output=True, text=True)
+    shown = subprocess.run(
+        ["make", "--no-print-directory", "-n", "clean"], cwd=REPO, capture_output=True, text=True
+    )
     assert shown.stdout.strip().splitlines()[-1].strip() == "ansible-playbook playbooks/teardown.yml"

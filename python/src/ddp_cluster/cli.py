@@ -54,7 +54,11 @@ def entry(module_name: str) -> Callable[[Sequence[str]], int]:
 
 
 def usage() -> str:
-    lines = ["usage: ddp-cluster COMMAND [ARGS...]", "", "commands:"]
+    from ddp_cluster.job.commands import JOB_COMMANDS
+
+    lines = ["usage: ddp-cluster COMMAND [ARGS...]", "", "job commands (each runs jobs.yml or train.yml):"]
+    lines += [f"  {name:<12} {help_text}" for name, help_text in JOB_COMMANDS.items()]
+    lines += ["", "tools:"]
     lines += [f"  {name:<12} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
     lines += ["", "training runs as: python -m ddp_cluster.train --help"]
     return "\n".join(lines)
@@ -66,6 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage())
         return 0 if args else 2
     name, rest = args[0], args[1:]
+    from ddp_cluster.job import commands
+
+    if name in commands.JOB_COMMANDS:
+        return commands.main([name, *rest], tools=list(SUBCOMMANDS))
     if name not in SUBCOMMANDS:
         print(f"ddp-cluster: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
