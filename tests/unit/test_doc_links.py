@@ -217,6 +217,9 @@ def test_the_cheat_sheet_lists_every_playbook_make_target_and_subcommand() -> No
     help_lines = re.findall(r'^\t@echo "make ([\w-]+)', (REPO / "Makefile").read_text(encoding="utf-8"), re.M)
     cli = (REPO / "python/src/ddp_cluster/cli.py").read_text(encoding="utf-8")
     subcommands = re.findall(r'^    "([\w-]+)": \(', cli, re.M)
+    short = (REPO / "python/src/ddp_cluster/job/commands.py").read_text(encoding="utf-8")
+    listed = short[short.index("JOB_COMMANDS = {") : short.index("\n}\n")]
+    subcommands += re.findall(r'^    "([\w-]+)": ', listed, re.M)
     assert playbooks and help_lines and subcommands
     missing = [f"playbook {name}" for name in playbooks if f"`{name}`" not in sheet]
     missing += [f"make {target}" for target in help_lines if f"`make {target}`" not in sheet]
