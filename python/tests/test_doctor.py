@@ -42,6 +42,70 @@ EXPECTED = {
     "gloo-connection.log": ("gloo-connection", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair"),
     "job-timeout.status.json": ("job-timeout", "reason: the job did not finish within job_timeout=600 s"),
     "rank-exit.status.json": ("rank-exit", "rank 1 on node node1 exited with code 3 first"),
+    # the rules grown from the vendors' references (each rule's own example line, in context)
+    "cuda-driver-old.log": (
+        "cuda-driver-old",
+        "RuntimeError: The NVIDIA driver on your system is too old (f",
+    ),
+    "no-cuda-gpu.log": ("no-cuda-gpu", "RuntimeError: No CUDA GPUs are available"),
+    "disk-full.log": ("disk-full", "OSError: [Errno 28] No space left on device: '/workspace/job"),
+    "cuda-ecc.log": ("cuda-ecc", "RuntimeError: CUDA error: uncorrectable ECC error encountere"),
+    "cuda-oom.log": ("cuda-oom", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocat"),
+    "npu-oom.log": ("npu-oom", "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB "),
+    "dataloader-killed.log": (
+        "dataloader-killed",
+        "RuntimeError: DataLoader worker (pid 4242) is killed by sign",
+    ),
+    "segfault.log": ("segfault", "mpirun noticed that process rank 0 with PID 1234 on node nod"),
+    "dataloader-shm.log": ("dataloader-shm", "ERROR: Unexpected bus error encountered in worker. This migh"),
+    "nccl-duplicate-gpu.log": (
+        "nccl-duplicate-gpu",
+        "NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on",
+    ),
+    "ssh-refused.log": ("ssh-refused", "ssh: connect to host node1 port 12345: Connection refused"),
+    "ssh-unreachable.log": ("ssh-unreachable", "ssh: connect to host 10.0.0.12 port 12345: No route to host"),
+    "nccl-no-interface.log": ("nccl-no-interface", "NCCL WARN Bootstrap : no socket interface found"),
+    "dns-name.log": ("dns-name", "socket.gaierror: [Errno -3] Temporary failure in name resolu"),
+    "mpi-slots.log": ("mpi-slots", "There are not enough slots available in the system to satisf"),
+    "cuda-illegal-access.log": (
+        "cuda-illegal-access",
+        "RuntimeError: CUDA error: an illegal memory access was encou",
+    ),
+    "mpi-orted-missing.log": ("mpi-orted-missing", "bash: orted: command not found"),
+    "mpi-daemon-lost.log": ("mpi-daemon-lost", "ORTE has lost communication with a remote daemon."),
+    "too-many-files.log": ("too-many-files", "OSError: [Errno 24] Too many open files"),
+    "cuda-device-assert.log": (
+        "cuda-device-assert",
+        "RuntimeError: CUDA error: device-side assert triggered",
+    ),
+    "ddp-unused-parameters.log": (
+        "ddp-unused-parameters",
+        "RuntimeError: Expected to have finished reduction in the pri",
+    ),
+    "tensors-on-devices.log": (
+        "tensors-on-devices",
+        "RuntimeError: Expected all tensors to be on the same device,",
+    ),
+    "process-group-missing.log": (
+        "process-group-missing",
+        "ValueError: Default process group has not been initialized, ",
+    ),
+    "state-dict-mismatch.log": (
+        "state-dict-mismatch",
+        "RuntimeError: Error(s) in loading state_dict for Net:",
+    ),
+    "store-refused.log": ("store-refused", "torch.distributed.DistNetworkError: The client socket has fa"),
+    "gloo-full-mesh.log": ("gloo-full-mesh", "RuntimeError: Gloo connectFullMesh failed with [../third_par"),
+    "nccl-system-error.log": (
+        "nccl-system-error",
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGr",
+    ),
+    "hccl-watchdog.log": ("hccl-watchdog", "[Rank 1] Watchdog caught collective operation timeout: WorkH"),
+    "nan-loss.log": ("nan-loss", "epoch 3 step 120 loss=nan"),
+    "elastic-child-failed.log": (
+        "elastic-child-failed",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailed",
+    ),
 }
 
 
@@ -214,3 +278,23 @@ def test_a_node_s_status_that_is_no_utf8_and_a_linked_log_are_passed_over(tmp_pa
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "rank.0.log").symlink_to(outside)
     assert doctor.diagnose(tmp_path) == []
+
+
+def test_every_rule_names_its_vendor_reference_and_its_own_example_is_named_by_it() -> None:
+    rules = json.loads(doctor.RULES_FILE.read_text(encoding="utf-8"))["rules"]
+    assert len(rules) >= 50 and len({rule["id"] for rule in rules}) == len(rules)
+    for rule in rules:
+        assert set(doctor.RULE_FIELDS) <= set(rule), rule["id"]
+        assert rule["reference"].strip() and rule["cause"].strip() and rule["fix"].strip(), rule["id"]
+        found = [s for s in doctor.SIGNATURES if s.pattern.search(rule["example"])]
+        assert found and max(found, key=lambda s: s.weight).id == rule["id"], (
+            rule["id"],
+            [s.id for s in found],
+        )
+
+
+def test_a_malformed_rule_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps({"rules": [{"id": "x", "pattern": "y"}]}))
+    with pytest.raises(ValueError, match=r"rule 0 \(x\) lacks weight, cause, fix, reference, example"):
+        doctor.load_rules(path)
