@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,49 @@ def test_workdir_given_a_directory_or_an_unwritable_output_says_so(
     assert cli.main(["workdir", str(tmp_path), "--script", "train.py", "-o", str(blocked / "j.tgz")]) == 2
     said = capsys.readouterr().err
     assert "cannot be written" in said and "Traceback" not in said
+
+
+# Every command given a path that is missing, of the wrong kind, or not what it reads: one line on stderr
+# naming it, exit 2 (bad input), never a traceback.
+BAD_PATHS = [
+    ("plot", "nope"),
+    ("plot", "adir"),
+    ("report", "nope"),
+    ("report", "afile"),
+    ("report", "adir"),
+    ("doctor", "nope"),
+    ("doctor", "afile"),
+    ("health", "nope"),
+    ("health", "afile"),
+    ("health", "adir"),
+    ("workdir", "nope --script a.py -o out"),
+    ("workdir", "adir --script a.py -o out"),
+    ("ip-plan", "check nope"),
+    ("ip-plan", "check adir"),
+    ("ip-plan", "check bad.yml"),
+    ("ip-plan", "check afile"),
+    ("ip-plan", "expand bad.yml"),
+    ("rank-table", "nope"),
+    ("rank-table", "adir"),
+    ("rank-table", "bad.yml"),
+    ("hccn", "diff nope --host a"),
+    ("hccn", "check adir --host a"),
+    ("hccn", "diff bad.yml --host a"),
+]
+
+
+@pytest.mark.parametrize(("name", "args"), BAD_PATHS)
+def test_a_bad_path_is_one_line_exit_2_and_no_traceback(name: str, args: str, tmp_path: Path) -> None:
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("hello\n")
+    (tmp_path / "bad.yml").write_text("x: [\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_cluster.cli", name, *args.split()],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == "", done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"ddp-cluster {name}"), done.stderr

@@ -290,8 +290,11 @@ def load_plan(path: str | Path) -> IpPlan:
     text = Path(path).read_text(encoding="utf-8")
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise IpPlanError(f"{path}: not valid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # one line: where, and what the parser expected
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise IpPlanError(f"{path}: not valid YAML: {where}{problem}") from None
     return plan_from_dict(data)
 
 
@@ -586,7 +589,8 @@ def read_plan_or_report(path: str, prog: str) -> IpPlan | None:
     except OSError as exc:
         print(f"{prog}: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
     except IpPlanError as exc:
-        print(f"{prog}: {path}: {exc}", file=sys.stderr)
+        said = str(exc)
+        print(f"{prog}: {said if said.startswith(f'{path}:') else f'{path}: {said}'}", file=sys.stderr)
     return None
 
 

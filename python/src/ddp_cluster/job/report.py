@@ -352,6 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.run_dir.is_dir():
         print(f"ddp-cluster report: {args.run_dir} is not a directory: give runs/<job-id>/", file=sys.stderr)
         return 2
+    try:
+        plan.load(args.run_dir)
+    except (OSError, ValueError):  # a directory, but not a run: bad input, not a failed job
+        said = visible(str(args.run_dir), newlines=False)
+        print(f"ddp-cluster report: {said} holds no readable plan.json: give runs/<job-id>/", file=sys.stderr)
+        return 2
     done = report(args.run_dir)
     if args.json:
         print(json.dumps({**done.__dict__, "exit_status": done.exit_status}, indent=2))
