@@ -119,7 +119,8 @@ def busy_message(node: str, busy: Mapping[str, Sequence[str]]) -> str:
     first = next(iter(busy))
     return (
         f"{node} runs another job: {jobs}. One job per node at a time: wait for it (-e wait=true waits,"
-        f" within job_timeout), stop it (ansible-playbook jobs.yml -e stop={first}), or ask for other nodes."
+        f" within job_timeout), stop it (ansible-playbook jobs.yml -e stop={first}), or ask for other nodes"
+        " (-e exclude=NODE or -e nodelist=...)."
     )
 
 
@@ -149,7 +150,8 @@ def drained_message(node: str, record: Mapping[str, Any]) -> str:
     """``node`` is drained: what the user sees when a job would take it, with the ways on."""
     return (
         f"{node} is {describe_drained(record)}. A drained node takes no new job: undrain it once it is"
-        f" fixed (ansible-playbook jobs.yml -e undrain={node}), or ask for other nodes."
+        f" fixed (ansible-playbook jobs.yml -e undrain={node}), or ask for other nodes"
+        " (-e exclude=NODE or -e nodelist=...)."
     )
 
 
@@ -177,7 +179,7 @@ def parse_claim(output: str) -> tuple[bool, str]:
     return False, (
         f"{node} did not answer the claim of its node over the cluster's ssh ({answer.get('error', '?')}):"
         " check that its container runs (ansible-playbook jobs.yml lists the nodes), bring it back with"
-        " site.yml, or ask for other nodes."
+        " site.yml, or ask for other nodes (-e exclude=NODE or -e nodelist=...)."
     )
 
 
