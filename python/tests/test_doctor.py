@@ -106,6 +106,24 @@ EXPECTED = {
         "elastic-child-failed",
         "torch.distributed.elastic.multiprocessing.errors.ChildFailed",
     ),
+    "nccl-ib-error.log": ("nccl-ib-error", "NCCL WARN NET/IB : Got completion from peer 10.0.0.12<47020>"),
+    "cuda-busy.log": ("cuda-busy", "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy"),
+    "rdzv-timeout.log": ("rdzv-timeout", "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutEr"),
+    "hccl-api-error.log": ("hccl-api-error", "RuntimeError: create:build/CMakeFiles/torch_npu.dir/compiler"),
+    "bus-error.log": ("bus-error", "Bus error (core dumped)"),
+    "nccl-internal.log": ("nccl-internal", "torch.distributed.DistBackendError: NCCL error in: ../torch/"),
+    "nccl-invalid-usage.log": (
+        "nccl-invalid-usage",
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGr",
+    ),
+    "collective-mismatch.log": (
+        "collective-mismatch",
+        "RuntimeError: Detected mismatch between collectives on ranks",
+    ),
+    "mpi-tcp-interface.log": (
+        "mpi-tcp-interface",
+        "[node1][[41733,1],1][btl_tcp_endpoint.c:796:mca_btl_tcp_endp",
+    ),
 }
 
 
@@ -206,8 +224,10 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     place(tmp_path, "hccl-EJ0001.log")
     assert cli.main(["doctor", str(tmp_path), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    (finding,) = report["findings"]
+    finding, *others = report["findings"]
     assert finding["id"] == "hccl-EJ0001"
+    # the torch_npu line above it (ERR02200) follows from it: named after it
+    assert [other["id"] for other in others] == ["hccl-api-error"]
     evidence = finding["evidence"][0]
     assert (evidence["path"], evidence["line"]) == ("nodes/node1/logs/1/rank.1/stdout", 5)
     assert "npu-smi info" in finding["fix"]
@@ -282,7 +302,7 @@ def test_a_node_s_status_that_is_no_utf8_and_a_linked_log_are_passed_over(tmp_pa
 
 def test_every_rule_names_its_vendor_reference_and_its_own_example_is_named_by_it() -> None:
     rules = json.loads(doctor.RULES_FILE.read_text(encoding="utf-8"))["rules"]
-    assert len(rules) >= 50 and len({rule["id"] for rule in rules}) == len(rules)
+    assert len(rules) >= 60 and len({rule["id"] for rule in rules}) == len(rules)
     for rule in rules:
         assert set(doctor.RULE_FIELDS) <= set(rule), rule["id"]
         assert rule["reference"].strip() and rule["cause"].strip() and rule["fix"].strip(), rule["id"]
@@ -298,3 +318,25 @@ def test_a_malformed_rule_is_named(tmp_path: Path) -> None:
     path.write_text(json.dumps({"rules": [{"id": "x", "pattern": "y"}]}))
     with pytest.raises(ValueError, match=r"rule 0 \(x\) lacks weight, cause, fix, reference, example"):
         doctor.load_rules(path)
+
+
+def test_what_a_restart_may_cure_is_the_rules_restartable_and_a_lost_connection_follows_a_cause() -> None:
+    from ddp_cluster.supervisor.failures import Failure, restart_cause
+
+    failed = Failure("rank 1 exited with code 1", node="node1", rank=1, exit_code=1)
+    gloo = (FIXTURES / "gloo-connection.log").read_text()
+    daemon = (FIXTURES / "mpi-daemon-lost.log").read_text()
+    # the peer's lost connection ranks first, as before the rules grew: a restart may cure it
+    found: dict[str, doctor.Finding] = {}
+    doctor.match_lines("0", gloo.splitlines(), found)
+    [lost] = found.values()
+    assert restart_cause(failed, [gloo, daemon]) == lost.cause
+    assert restart_cause(failed, [daemon]) is not None  # a node gone under mpirun: a spare may cure it
+    oom = (FIXTURES / "cuda-oom.log").read_text()
+    assert restart_cause(failed, [oom]) is None  # the program's own error: a restart cures no out-of-memory
+    # below a cause no restart cures, a lost connection follows from it; a timeout still may be cured
+    crash = (FIXTURES / "segfault.log").read_text()
+    assert restart_cause(failed, [crash, daemon, gloo]) is None
+    watchdog = (FIXTURES / "hccl-watchdog.log").read_text()
+    assert restart_cause(failed, [crash, watchdog]) is not None
+    assert set(doctor.RESTARTABLE) >= {"node-down", "store-timeout", "nccl-timeout", "gloo-connection"}

@@ -66,13 +66,14 @@ class Signature:
     cause: str
     fix: str
     weight: int
+    restartable: bool = False  # a restart may cure it (a peer vanished, a collective or the store timed out)
 
 
 # The rule base, kept as data: one rule per known failure (id, pattern, cause, fix, weight, the vendor's
 # document it comes from, and a real-looking line it must name). {name} in the cause and fix is the pattern's
 # group of that name.
 RULES_FILE = Path(__file__).with_name("doctor_rules.json")
-RULE_FIELDS = ("id", "weight", "pattern", "cause", "fix", "reference", "example")
+RULE_FIELDS = ("id", "weight", "pattern", "cause", "fix", "reference", "example")  # and "restartable" (false)
 
 
 def load_rules(path: Path = RULES_FILE) -> tuple[Signature, ...]:
@@ -90,12 +91,15 @@ def load_rules(path: Path = RULES_FILE) -> tuple[Signature, ...]:
                 str(rule["cause"]),
                 str(rule["fix"]),
                 int(rule["weight"]),
+                bool(rule.get("restartable", False)),
             )
         )
     return tuple(sorted(found, key=lambda signature: -signature.weight))
 
 
 SIGNATURES: tuple[Signature, ...] = load_rules()
+# The verdicts a restart may cure, by the rules' ``restartable`` (the supervisor's restarts read them).
+RESTARTABLE = tuple(signature.id for signature in SIGNATURES if signature.restartable)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,10 @@ MPI_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\
 MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 TORCHRUN_ROOT = re.compile(r"host\s*:\s*(\S+)\s*\n\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 # The doctor's verdicts that a restart can cure (a peer vanished, a collective or the store timed out): not a
-# Python error in the user's code, not the job's own time bound, not a stop.
-RESTARTABLE = ("node-down", "store-timeout", "nccl-timeout", "hccl-EI0002", "hccl-EI0006", "gloo-connection")
+# Python error in the user's code, not the job's own time bound, not a stop: the rules say which
+# (doctor_rules.json's ``restartable``, doctor.RESTARTABLE).
+# Of those, a mere lost connection: it follows a rank that exited first, so alone it restarts nothing.
+LOST_CONNECTION = ("gloo-connection", "gloo-full-mesh", "mpi-daemon-lost", "nccl-ib-error", "store-refused")
 # A Python exception's last line in a rank's log ("[rank1]: ZeroDivisionError: ..."), and the ones that are
 # the collectives' (a peer or the store gone) or the launcher's (torchrun's agent stopped by mpirun's SIGTERM
 # when another node failed: SignalException): those a restart may cure.
@@ -121,10 +123,10 @@ def restart_cause(failure: Failure, logs: Sequence[str]) -> str | None:
     # The most likely verdict, if curable; else a timeout found anywhere (a rank's non-zero exit follows
     # one), but not a mere lost connection (it follows a rank that exited first).
     ranked = sorted(found.values(), key=lambda item: -item.signature.weight)
-    if ranked and ranked[0].signature.id in RESTARTABLE:
+    if ranked and ranked[0].signature.restartable:
         return ranked[0].cause
     timeouts = [
-        item for item in ranked if item.signature.id in RESTARTABLE and item.signature.id != "gloo-connection"
+        item for item in ranked if item.signature.restartable and item.signature.id not in LOST_CONNECTION
     ]
     return timeouts[0].cause if timeouts else None
 
