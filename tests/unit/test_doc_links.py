@@ -230,3 +230,62 @@ def test_the_cheat_sheet_lists_every_playbook_make_target_and_subcommand() -> No
 def test_the_readme_stays_short() -> None:
     lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 300, f"README.md has {lines} lines: the details belong in docs/"
+
+
+# --- the settings the docs name exist -----------------------------------------------------------------------
+# A role's or the cluster's setting named in the docs (`training_image_build_address`), and an extra var given
+# with -e (`-e max_restarts=1`), is one the code declares (argument_specs, the job's user names) or reads.
+SETTING = re.compile(
+    r"`((?:training_image|node_container|cluster|ddp_job|slurm|ssh_mesh|npu|hccn_network|gpu_host|npu_host"
+    r"|cluster_host|cluster_preflight)_[a-z0-9_]*[a-z0-9])(?![\w.])"
+)
+EXTRA_VAR = re.compile(r"-e\s+['\"]?\{?\"?([a-z_][a-z0-9_]*)\"?\s*[=:]")
+# named in the docs on purpose though no code has them: placeholders, and what is designed but not built
+NOT_CODE = {
+    "cluster_x": "the placeholder of docs/add-a-setting.md",
+    "name": "the placeholder of docs/add-a-setting.md (-e name=...)",
+    "slurm_managed": "designed, not built: a site's own Slurm (docs/scheduling.md)",
+    "slurm_conf_server": "designed, not built: a site's own Slurm (docs/scheduling.md)",
+}
+
+
+def code_names(root: Path = REPO) -> set[str]:
+    """Every setting the roles declare, the job's user names, and every word of the playbooks, roles, plugins
+    and the package (a variable read there)."""
+    import yaml
+
+    from ddp_cluster.job.request import USER_NAMES
+
+    names = set(USER_NAMES) | set(USER_NAMES.values())
+    for spec in root.glob("roles/*/meta/argument_specs.yml"):
+        for entry in yaml.safe_load(spec.read_text(encoding="utf-8"))["argument_specs"].values():
+            names |= set(entry.get("options") or {})
+    patterns = ("*.yml", "playbooks/**/*.yml", "roles/**/*.yml", "roles/**/*.py", "roles/**/*.j2")
+    patterns += ("plugins/**/*.py", "python/src/**/*.py", "inventories/**/*.yml", "docker/*", "Makefile")
+    patterns += ("tests/doubles/*", "molecule/**/*.yml")
+    names |= {path.name for path in root.glob("molecule/*") if path.is_dir()}  # the scenarios
+    for pattern in patterns:
+        for path in root.glob(pattern):
+            if path.is_file():
+                text = path.read_text(encoding="utf-8", errors="replace")
+                names |= set(re.findall(r"[a-z][a-z0-9_]+", text))
+    return names
+
+
+def unknown_settings(path: Path, known: set[str]) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    named = set(SETTING.findall(text)) | set(EXTRA_VAR.findall(text))
+    return sorted(name for name in named if name not in known and name not in NOT_CODE)
+
+
+def test_every_setting_and_extra_var_the_docs_name_exists_in_the_code() -> None:
+    known = code_names()
+    missing = {str(path.relative_to(REPO)): unknown_settings(path, known) for path in DOCUMENTS}
+    assert {doc: names for doc, names in missing.items() if names} == {}
+
+
+def test_the_setting_checker_finds_a_name_no_code_has(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("Set `cluster_image_build_address`, or `-e max_restart=1`; `npu_probe.py` is a file.\n")
+    found = unknown_settings(doc, {"max_restarts", "npu_probe"})
+    assert found == ["cluster_image_build_address", "max_restart"]
