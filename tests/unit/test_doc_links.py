@@ -289,3 +289,25 @@ def test_the_setting_checker_finds_a_name_no_code_has(tmp_path: Path) -> None:
     doc.write_text("Set `cluster_image_build_address`, or `-e max_restart=1`; `npu_probe.py` is a file.\n")
     found = unknown_settings(doc, {"max_restarts", "npu_probe"})
     assert found == ["cluster_image_build_address", "max_restart"]
+
+
+# A doctor verdict the docs name (`hccl-EI0006`, `gloo-connection`) is one of the doctor's rules; the other
+# names of that shape are tools and the supervisor's own causes.
+VERDICT = re.compile(
+    r"`((?:hccl|nccl|gloo|store|cuda|npu|mpi|ssh|import|killed|node|rank|job|dataloader|rdzv|device|address"
+    r"|orte)-[A-Za-z0-9-]+)`"
+)
+NOT_VERDICTS = {"npu-smi", "ssh-copy-id", "ssh-keyscan", "device-fault"}
+
+
+def test_every_doctor_verdict_the_docs_name_is_a_rule() -> None:
+    import json
+
+    rules = json.loads((PACKAGE / "ddp_cluster/job/doctor_rules.json").read_text(encoding="utf-8"))["rules"]
+    ids = {rule["id"] for rule in rules} | NOT_VERDICTS
+    named = {
+        str(path.relative_to(REPO)): sorted(set(VERDICT.findall(path.read_text(encoding="utf-8"))) - ids)
+        for path in DOCUMENTS
+    }
+    assert {doc: names for doc, names in named.items() if names} == {}
+    assert VERDICT.findall("follows `hccl-timeout`") == ["hccl-timeout"]  # the shape of the old false claim
