@@ -339,4 +339,5 @@ def test_what_a_restart_may_cure_is_the_rules_restartable_and_a_lost_connection_
     assert restart_cause(failed, [crash, daemon, gloo]) is None
     watchdog = (FIXTURES / "hccl-watchdog.log").read_text()
     assert restart_cause(failed, [crash, watchdog]) is not None
-    assert set(doctor.RESTARTABLE) >= {"node-down", "store-timeout", "nccl-timeout", "gloo-connection"}
+    restartable = {signature.id for signature in doctor.SIGNATURES if signature.restartable}
+    assert restartable >= {"node-down", "store-timeout", "nccl-timeout", "gloo-connection"}

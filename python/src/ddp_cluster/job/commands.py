@@ -27,7 +27,7 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 HOME_VARIABLE = "DDP_CLUSTER_HOME"
@@ -50,7 +50,7 @@ class CommandError(Exception):
     """Input the command cannot run with: one line, exit 2."""
 
 
-def checkout(start: Path, environ: dict[str, str] | os._Environ[str]) -> Path:
+def checkout(start: Path, environ: Mapping[str, str]) -> Path:
     """The checkout that holds START (its jobs.yml, train.yml, ansible.cfg), else $DDP_CLUSTER_HOME."""
     for folder in (start, *start.parents):
         if all((folder / name).is_file() for name in (*PLAYBOOKS, "ansible.cfg")):

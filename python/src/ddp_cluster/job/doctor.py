@@ -98,8 +98,6 @@ def load_rules(path: Path = RULES_FILE) -> tuple[Signature, ...]:
 
 
 SIGNATURES: tuple[Signature, ...] = load_rules()
-# The verdicts a restart may cure, by the rules' ``restartable`` (the supervisor's restarts read them).
-RESTARTABLE = tuple(signature.id for signature in SIGNATURES if signature.restartable)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ MPI_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited o
 TORCHRUN_ROOT = re.compile(r"host\s*:\s*(\S+)\s*\n\s*rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 # The doctor's verdicts that a restart can cure (a peer vanished, a collective or the store timed out): not a
 # Python error in the user's code, not the job's own time bound, not a stop: the rules say which
-# (doctor_rules.json's ``restartable``, doctor.RESTARTABLE).
+# (doctor_rules.json's ``restartable``, read as ``Signature.restartable``).
 # Of those, a mere lost connection: it follows a rank that exited first, so alone it restarts nothing.
 LOST_CONNECTION = ("gloo-connection", "gloo-full-mesh", "mpi-daemon-lost", "nccl-ib-error", "store-refused")
 # A Python exception's last line in a rank's log ("[rank1]: ZeroDivisionError: ..."), and the ones that are
