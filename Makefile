@@ -149,12 +149,12 @@ molecule: $(MOLECULE_DEPS)
 # The local tests, on real containers (make unit runs tests/unit); they include the controller's registry's own
 # (tests/test_controller_registry.py; skipped without it).
 e2e: test-deps base-image registry
-	pytest -q --durations=15 tests --ignore=tests/sim --ignore=tests/unit
+	pytest -q --durations=40 tests --ignore=tests/sim --ignore=tests/unit
 
 # The real-cluster path on simulated servers (made fresh for the run, removed after it): tests/sim's files run in
 # name order, a stage each, on one set of servers (tests/sim/conftest.py).
 sim-e2e: test-deps base-image registry
-	pytest -q --durations=15 -p no:cacheprovider tests/sim
+	pytest -q --durations=40 -p no:cacheprovider tests/sim
 
 # Simulated servers (sim-server0...) with their own Docker engine, sshd and firewall: see docs/sim.md.
 SIM_SERVERS ?= 2

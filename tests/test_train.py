@@ -299,3 +299,23 @@ def test_accelerator_a_rank_cannot_use_fails_the_job_naming_node_rank_and_reason
         r"node node[01] rank [01]/2: error: device cuda was asked for but no cuda device", result.stdout
     ), result.stdout[-3000:]
     assert not (RUNS / job / "output" / "summary.json").exists()
+
+
+def test_check_is_a_dry_run_that_plans_and_checks_and_starts_nothing(local_cluster: PlaybookResult) -> None:
+    job = job_id("dry")
+    result = run_playbook("train.yml", extravars={"job_id": job, "nodes": 2}, cmdline="--check")
+    assert result.rc == 0, result.stdout[-3000:]
+    assert f"job {job}: mpirun on node0, node1" in result.stdout
+    assert f"job {job}: a dry run (--check): planned here and checked from node0" in result.stdout
+    assert result.stats["ok"].get("node0"), result.stats  # the nodes were checked from the first node
+    assert not (RUNS / job).exists()
+    left = node_exec(
+        "node0", f"ls -d /workspace/jobs/{job} /workspace/jobs/.staged/{job} 2>/dev/null", check=False
+    )
+    assert left.stdout.strip() == "", left.stdout
+    queued = node_exec("node0", "squeue -h -o %j").stdout
+    assert job not in queued, queued
+    # the plan's checks hold in a dry run too: bad input is the plan's one error, before anything
+    bad = run_playbook("train.yml", extravars={"job_id": job, "nodes": 9}, cmdline="--check")
+    assert bad.rc != 0
+    assert "nodes=9 is more than the 2 nodes of the inventory" in bad.stdout, bad.stdout[-2000:]

@@ -68,6 +68,11 @@ class ActionModule(ActionBase):
         whole = plan.to_dict()
         for line in whole["lines"]:
             display.display(line)
+        if self._task.check_mode:
+            display.display(
+                f"job {whole['id']}: a dry run (--check): planned here and checked from {whole['first']};"
+                " nothing was packed, written under runs/, submitted to Slurm or started"
+            )
         return {
             **result,
             "changed": not whole["packed"].get("reused", True),

@@ -341,3 +341,59 @@ def test_what_a_restart_may_cure_is_the_rules_restartable_and_a_lost_connection_
     assert restart_cause(failed, [crash, watchdog]) is not None
     restartable = {signature.id for signature in doctor.SIGNATURES if signature.restartable}
     assert restartable >= {"node-down", "store-timeout", "nccl-timeout", "gloo-connection"}
+
+
+def test_the_first_failure_in_time_is_named_and_what_follows_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # node1's rank ran out of memory at 10:00:01 (Python logging's stamp; its traceback follows the stamped
+    # line); node0's rank then waited for it until NCCL's watchdog fired at 10:30:05 (glog's stamp, no year).
+    node1 = tmp_path / "nodes" / "node1" / "logs" / "1" / "rank.1"
+    node0 = tmp_path / "nodes" / "node0" / "logs" / "1" / "rank.0"
+    node1.mkdir(parents=True)
+    node0.mkdir(parents=True)
+    (node1 / "stdout").write_text(
+        "2026-11-20 10:00:01,234 INFO step 40 loss 0.31\n"
+        "Traceback (most recent call last):\n"
+        '  File "/workspace/train.py", line 80, in <module>\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity"
+        " of 79.10 GiB of which 1.20 GiB is free.\n"
+    )
+    (node0 / "stdout").write_text(
+        "[rank0]:[E1120 10:30:05.000000000 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective"
+        " operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn=1, NumelOut=1,"
+        " Timeout(ms)=1800000) ran for 1800004 milliseconds before timing out.\n"
+    )
+    findings = doctor.diagnose(tmp_path)
+    assert [f.signature.id for f in findings] == ["cuda-oom", "nccl-timeout"]
+    order = doctor.timeline(findings)
+    assert order is not None and order.first.signature.id == "cuda-oom"
+    assert [(f.signature.id, seconds) for f, seconds in order.after] == [("nccl-timeout", 1803.766)]
+    assert cli.main(["doctor", str(tmp_path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    where = "nodes/node1/logs/1/rank.1/stdout:4"
+    assert lines[1] == f"first in time: #1 cuda-oom, at 2026-11-20 10:00:01 ({where})"
+    assert lines[2] == "after it, and likely following from it: #2 nccl-timeout (+1804 s)"
+    assert cli.main(["doctor", str(tmp_path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["first_in_time"] == "cuda-oom"
+    assert report["findings"][0]["first_seen"] == "2026-11-20T10:00:01.234000"
+
+
+def test_of_two_causes_alike_the_earlier_comes_first(tmp_path: Path) -> None:
+    # The launcher could not reach node2 (10:00:01), then node1 refused it (10:00:03): equally likely causes,
+    # the earlier named first, whichever file holds it; an unstamped line in an unstamped file has no time.
+    log = tmp_path / "nodes" / "node0" / "launcher.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        "2026-11-20T10:00:03 ssh: connect to host node1 port 12345: Connection refused\n"
+        "2026-11-20T10:00:01 ssh: connect to host 10.0.0.12 port 12345: No route to host\n"
+    )
+    found = doctor.diagnose(tmp_path)
+    assert [f.signature.id for f in found] == ["ssh-unreachable", "ssh-refused"]
+    (tmp_path / "undated.log").write_text("ssh: connect to host node1 port 12345: Connection refused\n")
+    [_, refused] = doctor.diagnose(tmp_path)
+    assert [e.when for e in refused.evidence] == [doctor.stamp("2026-11-20T10:00:03", 2026), None]
+    assert doctor.stamp("E1120 10:30:05.5 x", 2025) == doctor.stamp("2025-11-20 10:30:05.500", 1)
+    assert doctor.stamp("EJ0001: 2026-11-20-10:00:05.167.645 Failed", 1) is not None
+    assert doctor.stamp("step 1200 loss 0.5", 2026) is None

@@ -173,3 +173,10 @@ def test_the_bash_completion_script_completes_commands(tmp_path: Path) -> None:
     probe += 'COMP_WORDS=(ddp-cluster stop l); COMP_CWORD=2; _ddp_cluster; echo "${COMPREPLY[@]}"\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert out.stdout.splitlines() == ["submit", "lr-01"]
+
+
+def test_submit_check_is_train_yml_check(checkout: Path) -> None:
+    _, args, _ = ran(["submit", "-N", "2", "--check"])
+    assert args[1] == "train.yml" and "--check" in args and extra_vars(args) == {"nodes": "2"}
+    _, args, _ = ran(["submit", "-N", "2", "train.py", "--check"])  # after SCRIPT: the script's own
+    assert "--check" not in args and extra_vars(args)["script_args"] == "--check"

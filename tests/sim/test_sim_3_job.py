@@ -95,10 +95,15 @@ def test_a_killed_server_is_recovered_on_the_other_within_90s(sim_cluster: Playb
     wait_engine("sim-server1")
 
 
-def test_the_first_server_killed_its_standby_takes_over_within_90s(sim_cluster: PlaybookResult) -> None:
+def test_the_first_server_killed_its_standby_takes_over_within_120s(sim_cluster: PlaybookResult) -> None:
     """max_restarts=1 with min_nodes=1: sim-server0 (the job's first node: rank 0 and the supervisor) killed
     mid-job, the standby on sim-server1 takes the job over from the checkpoint copy it holds, and the
-    controller follows it there to its end."""
+    controller follows it there to its end.
+
+    Two voters: the standby wins only once sim-server0 is proven gone, when its neighbour entry on
+    sim-server1 lapses (the kernel's reachable time, 15-45 s at random, then 8 s of probes): 26-56 s after
+    the kill, measured 45-57 s here unloaded; the bound leaves the restart 60 s on a loaded machine (92 s
+    was seen in CI)."""
     job = job_id("takeover")
     args = "--dataset digits --epochs 400 --batch-size 32 --log-every 10 --checkpoint-every 50"
     playbook = start_train(job, args, SIM, extra=("-e", "max_restarts=1", "-e", "min_nodes=1"))
@@ -124,6 +129,6 @@ def test_the_first_server_killed_its_standby_takes_over_within_90s(sim_cluster: 
     assert restart["supervisor_moved"] == "sim-server0 -> sim-server1"
     again = float(restart["lost_at"]) + float(restart["training_again_s"]) - killed
     print(f"training again {again:.1f} s after sim-server0 was killed")
-    assert again < 90, f"training again {again:.0f} s after sim-server0 was killed"
+    assert again < 120, f"training again {again:.0f} s after sim-server0 was killed"
     assert json.loads((RUNS / job / "output" / "summary.json").read_text())["world_size"] == 1
     wait_engine("sim-server0")

@@ -9,7 +9,7 @@ playbook that does the work (``jobs.yml`` or ``train.yml``), with the same behav
     ddp-cluster drain NODE --reason TEXT      ansible-playbook jobs.yml -e drain=NODE -e reason=TEXT
     ddp-cluster undrain NODE                  ansible-playbook jobs.yml -e undrain=NODE
     ddp-cluster attach ID                     ansible-playbook train.yml -e attach=ID
-    ddp-cluster submit [-N NODES] [--detach] [-e NAME=VALUE ...] [SCRIPT [ARGS ...]]
+    ddp-cluster submit [-N NODES] [--detach] [--check] [-e NAME=VALUE ...] [SCRIPT [ARGS ...]]
                                               ansible-playbook train.yml -e nodes=NODES ...
 
 Every command takes ``-i INVENTORY`` (else ``ansible.cfg``'s) and ``--print`` (say the command, run nothing).
@@ -128,6 +128,9 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--job-id", help="the job's id (default: made up)")
     submit.add_argument("--detach", action="store_true", help="return once every rank runs")
     submit.add_argument(
+        "--check", action="store_true", help="a dry run: plan the job and check its nodes, start nothing"
+    )
+    submit.add_argument(
         "-e",
         dest="extras",
         action="append",
@@ -175,7 +178,7 @@ def command(args: argparse.Namespace) -> tuple[str, list[str]]:
         more += extra("script_args", shlex.join(args.args))
     for text in args.extras:
         more += named_extra(text)
-    return "train.yml", more
+    return "train.yml", more + (["--check"] if args.check else [])
 
 
 COMPLETION = """# bash completion for ddp-cluster: source <(ddp-cluster completion)

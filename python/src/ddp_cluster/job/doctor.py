@@ -20,6 +20,7 @@ Standard library only (the controller runs it without torch).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import re
 import sys
@@ -99,12 +100,51 @@ def load_rules(path: Path = RULES_FILE) -> tuple[Signature, ...]:
 
 SIGNATURES: tuple[Signature, ...] = load_rules()
 
+# When a line was written, as the tools of the field stamp it: an ISO-like date and time (Python's logging,
+# torchelastic's "2026-11-20_10:00:05"), CANN's plog and HCCL's "2026-11-20-10:00:05.001.054", and glog's
+# "E1120 10:00:05.123456" (torch's c10d: month and day, no year). A line without a stamp takes the last one
+# before it in its file (a traceback follows its logged line).
+STAMPS = (
+    re.compile(
+        r"(?<![0-9])(?P<year>20[0-9]{2})-(?P<month>[01][0-9])-(?P<day>[0-3][0-9])[-_T ]"
+        r"(?P<hour>[0-2][0-9]):(?P<minute>[0-5][0-9]):(?P<second>[0-6][0-9])(?:[.,](?P<fraction>[0-9]{1,9}))?"
+    ),
+    re.compile(
+        r"(?:^|[\[:\s])[IWEF](?P<month>[01][0-9])(?P<day>[0-3][0-9])"
+        r" (?P<hour>[0-2][0-9]):(?P<minute>[0-5][0-9]):(?P<second>[0-6][0-9])(?:[.](?P<fraction>[0-9]{1,9}))?"
+    ),
+)
+
+
+def stamp(line: str, year: int) -> datetime.datetime | None:
+    """When ``line`` says it was written (``year`` where its stamp has none), or None."""
+    for pattern in STAMPS:
+        match = pattern.search(line)
+        if match is None:
+            continue
+        parts = match.groupdict()
+        fraction = (parts["fraction"] or "0")[:6].ljust(6, "0")
+        try:
+            return datetime.datetime(
+                int(parts.get("year") or year),
+                int(parts["month"]),
+                int(parts["day"]),
+                int(parts["hour"]),
+                int(parts["minute"]),
+                min(59, int(parts["second"])),
+                int(fraction),
+            )
+        except ValueError:
+            continue
+    return None
+
 
 @dataclass(frozen=True)
 class Evidence:
     path: str
     line: int
     text: str
+    when: datetime.datetime | None = None  # the line's own stamp, or the last one before it in its file
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}: {self.text}"
@@ -117,13 +157,67 @@ class Finding:
     fix: str
     evidence: list[Evidence] = field(default_factory=list)
 
+    @property
+    def first(self) -> Evidence | None:
+        """Its earliest stamped evidence (None when no line of it says when)."""
+        stamped = [item for item in self.evidence if item.when is not None]
+        return min(stamped, key=lambda item: (item.when, item.path, item.line)) if stamped else None
+
     def as_dict(self) -> dict[str, object]:
+        first = self.first
         return {
             "id": self.signature.id,
             "cause": self.cause,
             "fix": self.fix,
-            "evidence": [{"path": e.path, "line": e.line, "text": e.text} for e in self.evidence],
+            "first_seen": first.when.isoformat() if first and first.when else None,
+            "evidence": [
+                {
+                    "path": e.path,
+                    "line": e.line,
+                    "text": e.text,
+                    "when": e.when.isoformat() if e.when else None,
+                }
+                for e in self.evidence
+            ],
         }
+
+
+@dataclass
+class Timeline:
+    """The failure first in time among the findings whose lines say when, and the others after it."""
+
+    first: Finding
+    after: list[tuple[Finding, float]]  # each later finding, seconds after the first
+
+    def describe(self, findings: Sequence[Finding]) -> list[str]:
+        number = {id(finding): index for index, finding in enumerate(findings, start=1)}
+        first = self.first.first
+        assert first is not None and first.when is not None
+        lines = [
+            f"first in time: #{number[id(self.first)]} {self.first.signature.id}, at"
+            f" {first.when.isoformat(sep=' ', timespec='seconds')} ({first.path}:{first.line})"
+        ]
+        if self.after:
+            following = ", ".join(
+                f"#{number[id(finding)]} {finding.signature.id} (+{seconds:.0f} s)"
+                for finding, seconds in self.after
+            )
+            lines.append(f"after it, and likely following from it: {following}")
+        return lines
+
+
+def timeline(findings: Sequence[Finding]) -> Timeline | None:
+    """The order in time of the findings whose evidence is stamped; None when fewer than two are."""
+    stamped: list[tuple[datetime.datetime, Finding]] = []
+    for finding in findings:
+        if (seen := finding.first) is not None and seen.when is not None:
+            stamped.append((seen.when, finding))
+    if len(stamped) < 2:
+        return None
+    stamped.sort(key=lambda pair: (pair[0], -pair[1].signature.weight))
+    (start, first), rest = stamped[0], stamped[1:]
+    after = [(finding, (when - start).total_seconds()) for when, finding in rest]
+    return Timeline(first, after)
 
 
 def log_files(run_dir: Path) -> Iterator[Path]:
@@ -165,8 +259,13 @@ def status_lines(path: Path) -> list[str]:
     return lines
 
 
-def match_lines(relative: str, lines: Iterable[str], found: dict[str, Finding]) -> None:
+def match_lines(
+    relative: str, lines: Iterable[str], found: dict[str, Finding], year: int | None = None
+) -> None:
+    year = year or datetime.date.today().year
+    when: datetime.datetime | None = None
     for number, line in enumerate(lines, start=1):
+        when = stamp(line, year) or when
         for signature in SIGNATURES:
             match = signature.pattern.search(line)
             if match is None:
@@ -180,23 +279,39 @@ def match_lines(relative: str, lines: Iterable[str], found: dict[str, Finding]) 
             key = f"{signature.id}:{cause}"
             finding = found.setdefault(key, Finding(signature, cause, signature.fix.format(**values)))
             quoted = text.visible(line.strip()[:MAX_LINE_CHARS], newlines=False)
-            finding.evidence.append(Evidence(text.visible(relative, newlines=False), number, quoted))
+            finding.evidence.append(Evidence(text.visible(relative, newlines=False), number, quoted, when))
 
 
 def diagnose(run_dir: Path) -> list[Finding]:
-    """Every cause found under run_dir, most likely first (then the one with more evidence)."""
+    """Every cause found under run_dir, most likely first (then the one seen first in time, then the one
+    with more evidence)."""
     found: dict[str, Finding] = {}
     for path in log_files(run_dir):
         relative = str(path.relative_to(run_dir))
         lines = status_lines(path) if path.name == "status.json" else read_lines(path)
-        match_lines(relative, lines, found)
-    return sorted(found.values(), key=lambda f: (-f.signature.weight, -len(f.evidence), f.cause))
+        # a stamp without its year (glog's) is of the year the file was last written
+        year = datetime.date.fromtimestamp(path.stat().st_mtime).year
+        match_lines(relative, lines, found, year)
+    latest = datetime.datetime.max
+
+    def order(finding: Finding) -> tuple[int, datetime.datetime, int, str]:
+        first = finding.first
+        return (
+            -finding.signature.weight,
+            first.when if first and first.when else latest,
+            -len(finding.evidence),
+            finding.cause,
+        )
+
+    return sorted(found.values(), key=order)
 
 
 def render(run_dir: Path, findings: Sequence[Finding], width: int = 120) -> str:
     if not findings:
         return f"ddp-cluster doctor: {run_dir}: no known failure found in its logs"
     head = f"ddp-cluster doctor: {run_dir}: {len(findings)} likely cause(s), most likely first"
+    if order := timeline(findings):
+        head += "\n" + "\n".join(order.describe(findings))
     columns = (("#", 2), ("cause", 40), ("evidence (file:line)", 42), ("fix", max(30, width - 90)))
     rows = [tuple(name for name, _ in columns)]
     for index, finding in enumerate(findings, start=1):
@@ -234,7 +349,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     findings = diagnose(args.run_dir)
     if args.json:
-        report = {"run_dir": str(args.run_dir), "findings": [f.as_dict() for f in findings]}
+        order = timeline(findings)
+        report = {
+            "run_dir": str(args.run_dir),
+            "first_in_time": order.first.signature.id if order else None,
+            "findings": [f.as_dict() for f in findings],
+        }
         print(json.dumps(report, indent=2))
     else:
         print(render(args.run_dir, findings, args.width))
