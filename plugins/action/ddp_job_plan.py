@@ -66,13 +66,8 @@ class ActionModule(ActionBase):
         except planning.PlanError as error:
             return {**result, "failed": True, "msg": str(error)}
         whole = plan.to_dict()
-        for line in whole["lines"]:
+        for line in [*whole["lines"], *([planning.dry_run_line(whole)] if self._task.check_mode else [])]:
             display.display(line)
-        if self._task.check_mode:
-            display.display(
-                f"job {whole['id']}: a dry run (--check): planned here and checked from {whole['first']};"
-                " nothing was packed, written under runs/, submitted to Slurm or started"
-            )
         return {
             **result,
             "changed": not whole["packed"].get("reused", True),

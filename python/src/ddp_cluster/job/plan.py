@@ -68,6 +68,7 @@ __all__ = [
     "NodeRecord",
     "Plan",
     "PlanError",
+    "dry_run_line",
     "fact",
     "find_checkpoint",
     "load",
@@ -314,6 +315,14 @@ class Plan:
             lines=self.lines(),
         )
         return data
+
+
+def dry_run_line(whole: Mapping[str, Any]) -> str:
+    """What train.yml --check says after the plan's lines (``whole``: Plan.to_dict())."""
+    return (
+        f"job {whole['id']}: a dry run (--check): planned here and checked from {whole['first']};"
+        " nothing was packed, written under runs/, submitted to Slurm or started"
+    )
 
 
 def slurm_line(slurm: Mapping[str, Any], candidates: Sequence[str]) -> str:
