@@ -156,6 +156,46 @@ def test_stop_ends_a_detached_job_on_every_node_and_collects_it(three: None) -> 
     assert json.loads((RUNS / first / "status.json").read_text())["state"] == "failed"
 
 
+# A user's script that saves on a stop: each rank's SIGTERM handler takes 4 s (more than Open MPI's own 1 s
+# between a daemon's SIGTERM and its SIGKILL), then writes its file.
+SAVES_ON_STOP = """import os, signal, sys, time
+rank = os.environ["RANK"]
+output = os.path.join(os.environ["DDP_JOB_DIR"], "output")
+os.makedirs(output, exist_ok=True)
+def on_stop(signum, frame):
+    time.sleep(4)
+    with open(os.path.join(output, f"stopped-rank-{rank}"), "w") as saved:
+        saved.write("saved\\n")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_stop)
+print(f"rank {rank} ready", flush=True)
+while True:
+    time.sleep(0.5)
+"""
+
+
+def test_stop_grace_lets_every_rank_s_own_handler_save_on_every_node(three: None, tmp_path: Path) -> None:
+    job = job_id("grace")
+    script = tmp_path / "saves_on_stop.py"
+    script.write_text(SAVES_ON_STOP)
+    detached = playbook("train.yml", job_id=job, nodes=2, detach=True, script=str(script), stop_grace=15)
+    assert detached.rc == 0, detached.stdout[-4000:]
+    wait_for("both ranks ready", lambda: all(
+        "ready" in node_exec(node, f"cat /workspace/jobs/{job}/logs/1/rank.{rank}/stdout 2>/dev/null",
+                             check=False).stdout
+        for node, rank in (("node0", 0), ("node1", 1))
+    ))  # fmt: skip
+    began = time.monotonic()
+    stopped = playbook("jobs.yml", stop=job)
+    took = time.monotonic() - began
+    assert stopped.rc == 0, stopped.stdout[-4000:]
+    for node, rank in (("node0", 0), ("node1", 1)):  # node1's rank: through mpirun's daemon there
+        saved = node_exec(node, f"cat /workspace/jobs/{job}/output/stopped-rank-{rank}", check=False)
+        assert saved.stdout == "saved\n", (node, saved.stdout, saved.stderr, stopped.stdout[-3000:])
+    assert processes("node0", job) == "" and processes("node1", job) == ""
+    assert took < 15 + 45, f"the stop took {took:.0f} s"
+
+
 def test_ctrl_c_stops_every_rank_collects_and_exits_non_zero(three: None) -> None:
     job = job_id("sigint")
     proc = start(job, LONG)

@@ -135,3 +135,10 @@ def test_the_program_every_rank_runs(changes: dict[str, Any], program: list[str]
 def test_no_network_no_launch() -> None:
     with pytest.raises(JobSpecError, match="no cluster network"):
         make(networks=[]).launch_argv()
+
+
+def test_the_stop_grace_is_bounded_by_slurms_kill_wait() -> None:
+    assert make(stop_grace=25).stop_grace == 25
+    for wrong in (0, 26):
+        with pytest.raises(JobSpecError, match="stop_grace"):
+            make(stop_grace=wrong)

@@ -162,6 +162,8 @@ def mca(argv: list[str], name: str) -> str:
         ({"nproc_per_node": "many"}, "nproc_per_node='many' must be a whole number"),
         ({"results_max_gb": -1}, "results_max_gb=-1 must be above 0"),
         ({"results_max_gb": 0}, "results_max_gb=0 must be above 0"),
+        ({"stop_grace": 0}, "stop_grace=0 must be"),
+        ({"stop_grace": 60}, "stop_grace=60 must be"),
     ],
 )
 def test_a_bad_request_is_refused_naming_what_the_user_sets(

@@ -57,6 +57,7 @@ USER_NAMES = {
     "liveness_timeout": "liveness_timeout",
     "stall_timeout": "stall_timeout",
     "stall_start_timeout": "stall_start_timeout",
+    "stop_grace": "stop_grace",
     "telemetry_interval": "telemetry_interval",
     "results_max_gb": "results_max_gb",
     "secret_env": "secret_env",

@@ -47,6 +47,10 @@ class JobSpecError(DdpClusterError, ValueError):
     """A field of the job that cannot be used; the message names it."""
 
 
+# The longest stop_grace: Slurm's KillWait (inventory.slurm, 30 s) less the supervisor's own sweep after it.
+STOP_GRACE_MAX = 25.0
+
+
 def _bounds(minimum: float, maximum: float | None = None, exclusive: bool = False) -> dict[str, Any]:
     """A number field's range (``exclusive``: above ``minimum``, not at it), as field metadata."""
     return {"bounds": {"minimum": minimum, "maximum": maximum, "exclusive": exclusive}}
@@ -108,6 +112,10 @@ class JobSpec:
     # At most ``results_max_gb`` GiB of the job's files come back to the controller (its output, the newest
     # complete checkpoint, logs); what is over is left on the node and named in the report.
     results_max_gb: float = field(default=256.0, metadata=_bounds(0, exclusive=True))
+    # A stop (jobs.yml -e stop, Ctrl-C, scancel) gives every rank SIGTERM, then ``stop_grace`` seconds to end
+    # (a script's own handler writes its checkpoint) before the launcher is stopped: at most STOP_GRACE_MAX,
+    # which Slurm's KillWait (30 s) bounds for a job scancel stops.
+    stop_grace: float = field(default=10.0, metadata=_bounds(1, STOP_GRACE_MAX))
     # This start's own mark (the plan's): the controller accepts only a status that carries it.
     start_id: str = ""
 

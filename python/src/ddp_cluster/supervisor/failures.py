@@ -55,6 +55,7 @@ class Failure:
     restartable: bool = True  # False: the time bound or a stop (never restarted)
     cause: str | None = None  # what the supervisor itself found: STALL (the watchdog), DEVICE_FAULT
     device: int | None = None  # DEVICE_FAULT: the device's index on ``node``
+    graceful: bool = False  # a stop or the time bound: every rank gets the job's stop_grace after SIGTERM
 
 
 def lost_nodes(lost: Sequence[str], then: str = "") -> Failure:

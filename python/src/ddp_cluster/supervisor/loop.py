@@ -281,7 +281,7 @@ class Supervisor:
         while True:
             returncode = process.poll()
             if self._stop.is_set():  # before the launcher's end: a stop kills ranks on other nodes too
-                return Failure(self.stop_reason, restartable=False)
+                return Failure(self.stop_reason, restartable=False, graceful=True)
             if returncode is not None:
                 if returncode == 0:
                     return None
@@ -304,7 +304,9 @@ class Supervisor:
                 return failure
             if time.time() - self.started > self.spec.timeout:
                 return Failure(
-                    f"the job did not finish within job_timeout={self.spec.timeout:g} s", restartable=False
+                    f"the job did not finish within job_timeout={self.spec.timeout:g} s",
+                    restartable=False,
+                    graceful=True,
                 )
             if lost := tree.lost():
                 self.forget(lost)
@@ -508,7 +510,9 @@ class Supervisor:
                     ending = False
                     self.stop_everything(process, pool, [node for node in self.nodes if node != self.me])
                     return self.step_down(winner, f"{winner} holds a newer generation of the job")
-                self.stop_everything(process, pool, failure.lost)  # the ranks first, then the watch
+                # the ranks first, then the watch; a stop gives every rank its grace
+                grace = self.spec.stop_grace if failure.graceful else 0.0
+                self.stop_everything(process, pool, failure.lost, grace)
             finally:
                 tree.stop(end=ending)
             drained = self.leave_faulty_node(failure) if failure.cause == DEVICE_FAULT else ""
@@ -750,11 +754,27 @@ class Supervisor:
         self._stop.set()
 
     def stop_everything(
-        self, process: subprocess.Popen[bytes], pool: ThreadPoolExecutor, lost: Sequence[str] = ()
+        self,
+        process: subprocess.Popen[bytes],
+        pool: ThreadPoolExecutor,
+        lost: Sequence[str] = (),
+        grace: float = 0.0,
     ) -> None:
         """The launcher's process group here (TERM, then KILL), then the job's processes on every node but
         the ``lost`` ones (a frozen node would hold each command to its bound; its own watcher stops its
-        ranks when it finds its parent gone)."""
+        ranks when it finds its parent gone). With ``grace`` (a stop: the job's stop_grace), every rank on
+        those nodes gets SIGTERM first, and up to that long to end."""
+        if grace > 0 and process.poll() is None:
+            # mpirun held still meanwhile: a rank that ends first (non-zero) would make it abort the others,
+            # SIGKILL a second after a SIGTERM, within their grace
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGSTOP)
+            try:
+                answering = [node for node in self.nodes if node not in lost]
+                self.mesh.term_ranks(answering, self.spec.id, pool, grace, guard=self.guard())
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGCONT)
         for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             if process.poll() is not None:
                 break

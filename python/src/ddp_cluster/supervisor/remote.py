@@ -49,6 +49,18 @@ TREE_ABOVE = 64
 GONE_WAIT = 10
 GONE_WITHIN = 60.0
 GONE_STAGGER = 1.0
+# The launcher's own processes (their /proc/PID/comm): a job's ranks (or torchrun agents) are their children.
+LAUNCHER_COMMS = "mpirun|orterun|orted|prterun|prted"
+# The PIDs of a job's ranks on a node (Mesh.term_ranks): the launcher's children whose environment holds
+# DDP_JOB_ID=ID (every rank gets it: JobSpec.variables), whatever their command line; not the ssh sessions
+# mpirun starts its daemons over (its children too, with its environment).
+RANKS_OF = (
+    "for e in /proc/[0-9]*/environ; do p=${{e#/proc/}}; p=${{p%/environ}};"
+    " {{ tr '\\0' '\\n' < \"$e\"; }} 2>/dev/null | grep -qxF -- {job} || continue;"
+    ' case "$(cat /proc/$p/comm 2>/dev/null)" in ssh|{launcher}) continue;; esac;'
+    " pp=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f2);"
+    ' case "$(cat /proc/$pp/comm 2>/dev/null)" in {launcher}) echo "$p";; esac; done'
+)
 
 
 def pattern(tag: str) -> str:
@@ -281,6 +293,28 @@ class Mesh:
         if left:
             time.sleep(grace)
             self.run_on(left, kill, pool)
+
+    def term_ranks(
+        self, nodes: Sequence[str], job: str, pool: ThreadPoolExecutor, grace: float, guard: str = ""
+    ) -> list[str]:
+        """A stop's SIGTERM straight to job ``job``'s ranks (or torchrun agents) on ``nodes``, all at once:
+        the processes whose parent is the launcher (mpirun, its daemons) and whose environment holds the
+        job's DDP_JOB_ID; then up to ``grace`` seconds for them to end (a script's own handler saves within
+        it). The nodes where some are left after it (the caller's stop ends them)."""
+        ranks = RANKS_OF.format(job=shlex.quote(f"DDP_JOB_ID={job}"), launcher=LAUNCHER_COMMS)
+        term = f'{ranks} | while read -r p; do kill -TERM "$p" 2>/dev/null; done; true'
+        others = [node for node in nodes if node != self.me]
+        if self.me in nodes:
+            self.run_on([self.me], term, pool)
+        if others:
+            self.run_on(others, f"{guard}{{ {term}; }}" if guard else term, pool)
+        left = list(nodes)
+        deadline = time.monotonic() + grace
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            said = self.run_on(left, f"{ranks} | head -n 1", pool)
+            left = [node for node in left if said.get(node, "").strip()]
+        return left
 
     def leftover(self, nodes: Sequence[str], tag: str, pool: ThreadPoolExecutor) -> dict[str, str]:
         """Node -> the processes whose command lines hold ``tag`` there (the nodes with none left out)."""
