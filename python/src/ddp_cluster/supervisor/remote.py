@@ -55,8 +55,7 @@ LAUNCHER_COMMS = "mpirun|orterun|orted|prterun|prted"
 # DDP_JOB_ID=ID (every rank gets it: JobSpec.variables), whatever their command line; not the ssh sessions
 # mpirun starts its daemons over (its children too, with its environment).
 RANKS_OF = (
-    "for e in /proc/[0-9]*/environ; do p=${{e#/proc/}}; p=${{p%/environ}};"
-    " {{ tr '\\0' '\\n' < \"$e\"; }} 2>/dev/null | grep -qxF -- {job} || continue;"
+    "for e in $(grep -lzxF -- {job} /proc/[0-9]*/environ 2>/dev/null); do p=${{e#/proc/}}; p=${{p%/environ}};"
     ' case "$(cat /proc/$p/comm 2>/dev/null)" in ssh|{launcher}) continue;; esac;'
     " pp=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f2);"
     ' case "$(cat /proc/$pp/comm 2>/dev/null)" in {launcher}) echo "$p";; esac; done'
