@@ -31,7 +31,7 @@ site.addsitedir(str(Path(__file__).resolve().parents[1] / "pythonpath"))
 from ddp_cluster.job import secrets
 from ddp_cluster.job.control import JobControl, interrupt_file
 from ddp_cluster.job.plan import whole
-from ddp_cluster.job.transport import ActionTransport
+from ddp_cluster.job.transport import LOCAL_TIMEOUT, ActionTransport
 
 display = Display()
 
@@ -45,7 +45,8 @@ class ActionModule(ActionBase):
         if self._task.check_mode:  # the plan was checked; nothing starts
             return {**result, "skipped": True, "msg": "check mode: the job would start here"}
         node = str((task_vars or {})["inventory_hostname"])
-        transport = ActionTransport(self, (AnsibleError,))
+        # the wait's commands return at once, a stop within a minute: none hangs the wait past its bound
+        transport = ActionTransport(self, (AnsibleError,), bound=LOCAL_TIMEOUT)
         # The callback runs in the playbook's own process, this action's parent.
         interrupt = interrupt_file(os.getppid())
         try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +138,32 @@ def test_a_server_lost_after_the_put_keeps_its_temporary_folder_and_fails_nothin
     transport.put("/runs/J1/job.tar.gz")
     transport.close()  # the action's own cleanup is not left to try it again on the lost server
     assert action._connection._shell.tmpdir is None
+
+
+class ShellAction(FakeAction):
+    """Runs the command in a shell here, as Ansible's local connection does."""
+
+    def _low_level_execute_command(self, command: str) -> dict[str, Any]:
+        self.commands.append(command)
+        done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=60)
+        return {"rc": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+
+def test_a_bounded_command_that_hangs_on_the_server_is_unreachable_and_ended_with_what_it_started() -> None:
+    action = ShellAction()
+    transport = ActionTransport(action, (ConnectionFailed,), bound=1)
+    started = time.monotonic()
+    # a child that holds the output open: the whole group ends, or the read would wait for it
+    with pytest.raises(Unreachable, match="no answer within 1 s from: sleep 30 & sleep 31; echo late"):
+        transport.run("sleep 30 & sleep 31; echo late")
+    assert time.monotonic() - started < 15
+    assert transport.run("echo 'it''s' quick; exit 3") == Done(3, "its quick\n", "")
+    # a command's own status 124 is its own, not the bound's
+    assert transport.run("exit 124").rc == 124
+    assert action.commands[0].startswith("timeout --verbose -k 10 1 /bin/sh -c ")
+
+
+def test_without_a_bound_the_command_is_sent_as_it_is() -> None:
+    action = FakeAction(stdout="x", rc=124)
+    assert ActionTransport(action, ()).run("sleep 1") == Done(124, "x", "oops\n")
+    assert action.commands == ["sleep 1"]

@@ -20,6 +20,10 @@ from ddp_cluster.errors import DdpClusterError
 
 # Bound of one command run by :class:`Local` (the wait's commands return at once; a stop takes a minute).
 LOCAL_TIMEOUT = 300
+# What GNU timeout --verbose says on stderr when it ends a command at its bound (its status is then 124).
+TIMED_OUT = "timeout: sending signal"
+# Seconds after the bound's SIGTERM before a command that ignores it is killed.
+KILL_AFTER = 10
 
 
 class Unreachable(DdpClusterError):
@@ -92,19 +96,31 @@ class ActionTransport:
     """The node's server through an Ansible action's connection (the task's: local, ssh or ``ddp_docker``).
 
     Duck-typed on the action's own methods, so that the package imports no Ansible; ``unreachable``: the
-    errors that mean the connection failed (Ansible's ``AnsibleError``, handed in by the action)."""
+    errors that mean the connection failed (Ansible's ``AnsibleError``, handed in by the action). ``bound``:
+    seconds one command may take on the server (GNU ``timeout`` there ends it, SIGKILL :data:`KILL_AFTER`
+    later), after which it is :class:`Unreachable`; 0, no bound (a sync streams what it packs for as long as
+    that takes). A silent connection is ssh's to end (``ServerAliveInterval`` in ansible.cfg): the bound is
+    for a command that hangs on the server (a ``docker exec`` into a container that does not answer)."""
 
-    def __init__(self, action: Any, unreachable: tuple[type[BaseException], ...]) -> None:
+    def __init__(self, action: Any, unreachable: tuple[type[BaseException], ...], bound: int = 0) -> None:
         self._action = action
         self._unreachable = unreachable
+        self._bound = bound
         self._tmp = ""
 
     def run(self, command: str) -> Done:
+        bounded = command
+        if self._bound:
+            bounded = f"timeout --verbose -k {KILL_AFTER} {self._bound} /bin/sh -c {shlex.quote(command)}"
         try:
-            done = self._action._low_level_execute_command(command)
+            done = self._action._low_level_execute_command(bounded)
         except self._unreachable as error:
             raise Unreachable(str(error)) from error
-        return Done(int(done["rc"]), str(done.get("stdout", "")), str(done.get("stderr", "")))
+        rc, stdout, stderr = int(done["rc"]), str(done.get("stdout", "")), str(done.get("stderr", ""))
+        # (stderr comes in stdout where ssh gave the command a terminal)
+        if self._bound and rc in (124, 137) and TIMED_OUT in stderr + stdout:
+            raise Unreachable(f"no answer within {self._bound} s from: {command[:200]}")
+        return Done(rc, stdout, stderr)
 
     def put(self, local: str) -> str:
         try:
