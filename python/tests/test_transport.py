@@ -160,7 +160,7 @@ def test_a_bounded_command_that_hangs_on_the_server_is_unreachable_and_ended_wit
     assert transport.run("echo 'it''s' quick; exit 3") == Done(3, "its quick\n", "")
     # a command's own status 124 is its own, not the bound's
     assert transport.run("exit 124").rc == 124
-    assert action.commands[0].startswith("timeout --verbose -k 10 1 /bin/sh -c ")
+    assert action.commands[0].startswith("LC_ALL=C timeout --verbose -k 10 1 /bin/sh -c ")
 
 
 def test_without_a_bound_the_command_is_sent_as_it_is() -> None:

@@ -111,7 +111,10 @@ class ActionTransport:
     def run(self, command: str) -> Done:
         bounded = command
         if self._bound:
-            bounded = f"timeout --verbose -k {KILL_AFTER} {self._bound} /bin/sh -c {shlex.quote(command)}"
+            # (in the C locale: timeout's words are matched below)
+            bounded = (
+                f"LC_ALL=C timeout --verbose -k {KILL_AFTER} {self._bound} /bin/sh -c {shlex.quote(command)}"
+            )
         try:
             done = self._action._low_level_execute_command(bounded)
         except self._unreachable as error:
