@@ -164,18 +164,17 @@ sim-up: venv registry
 sim-down:
 	scripts/sim.sh down
 
-# The local end-to-end tests then the molecule scenarios in one sequence; the linters, the unit tests then the sim's
+# The local end-to-end tests in one sequence; the linters, the unit tests, the molecule scenarios then the sim's
 # end-to-end tests in the other. They use their own containers, networks and image names on this engine, so they
-# run side by side, each into its own log under build/, printed as it ends (measured on a 2-core machine,
-# 2026-12-07: 74 minutes of local end-to-end tests and 12 of molecule; 12 minutes of lint and unit tests and 65 of
-# sim tests: molecule before the sim's tests made the second 89). The local image is built first: the sim's, under
-# its own name, then comes from the build cache. The registry is installed before, not by both sequences at once.
-# SUITES_FIRST: what the second sequence runs before the sim's tests (make test: lint unit).
+# run side by side, each into its own log under build/, printed as it ends (measured on a 2-core machine: about
+# 72 minutes for the first, 10 + 7 + 50 for the second). The local image is built first: the sim's, under its own
+# name, then comes from the build cache. The registry is installed before, not by both sequences at once.
+# SUITES_FIRST: what the second sequence runs before molecule (make test: lint unit).
 SUITES_FIRST ?=
 suites: test-deps base-image registry image
 	@scripts/side-by-side.sh \
-	  build/test-local.log "$(MAKE) --no-print-directory e2e molecule MOLECULE_DEPS=test-deps" \
-	  build/test-sim.log "$(MAKE) --no-print-directory $(SUITES_FIRST) sim-e2e"
+	  build/test-local.log "$(MAKE) --no-print-directory e2e" \
+	  build/test-sim.log "$(MAKE) --no-print-directory $(SUITES_FIRST) molecule sim-e2e MOLECULE_DEPS=test-deps"
 
 # Everything, in two sequences side by side (see suites): the linters and the unit tests mostly compute while the
 # end-to-end tests mostly wait, so the first ten minutes of the local end-to-end tests overlap them (make check,
